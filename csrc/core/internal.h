@@ -1,0 +1,29 @@
+/* Internal helpers shared by the C core, the CUDA launchers and the FFI layer. Not installed. */
+#ifndef SLUICE_INTERNAL_H_
+#define SLUICE_INTERNAL_H_
+
+#include "sluice.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Records `fmt` as this thread's last error and returns `status`. Use as
+ *   return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "gmm: lhs has %d dims, expected 2", rank); */
+sl_status sl_set_error(sl_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Clears this thread's last error. */
+void sl_clear_error(void);
+
+/* 1 when SLUICE_DEBUG=1 is set in the environment (read once). */
+int sl_debug_enabled(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SLUICE_INTERNAL_H_ */

@@ -1,0 +1,112 @@
+"""Loads libsluice and registers its XLA FFI targets for every platform it was built for."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+
+import jax
+
+_HERE = pathlib.Path(__file__).resolve().parent
+_REPO = _HERE.parent.parent
+
+
+def _candidates():
+    env = os.environ.get("SLUICE_LIBRARY")
+    if env:
+        yield pathlib.Path(env)
+    yield _HERE / "libsluice.so"
+    # An in-tree CMake build (cmake -B build): what the GPU scripts use.
+    for build in sorted(_REPO.glob("build*/")):
+        yield build / "libsluice.so"
+
+
+def _load() -> ctypes.CDLL:
+    tried = []
+    for path in _candidates():
+        tried.append(str(path))
+        if path.is_file():
+            return ctypes.CDLL(str(path))
+    raise ImportError(
+        "sluice: libsluice.so not found (looked in: " + ", ".join(tried) + "). "
+        "Install with `pip install --no-build-isolation .` or set SLUICE_LIBRARY."
+    )
+
+
+lib = _load()
+lib.sl_has_cuda.restype = ctypes.c_int
+lib.sl_version.restype = ctypes.c_int
+lib.sl_last_error.restype = ctypes.c_char_p
+lib.sl_status_string.restype = ctypes.c_char_p
+lib.sl_status_string.argtypes = [ctypes.c_int]
+
+
+class GmmDesc(ctypes.Structure):
+    """Mirror of sl_gmm_desc in include/sluice.h."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("batch", ctypes.c_int64),
+        ("m", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("n", ctypes.c_int64),
+        ("num_groups", ctypes.c_int64),
+        ("num_local_groups", ctypes.c_int64),
+        ("lhs_dtype", ctypes.c_int),
+        ("rhs_dtype", ctypes.c_int),
+        ("out_dtype", ctypes.c_int),
+        ("transpose_rhs", ctypes.c_int),
+    ]
+
+
+lib.sl_gmm_cuda_workspace_size.restype = ctypes.c_size_t
+lib.sl_gmm_cuda_workspace_size.argtypes = [ctypes.POINTER(GmmDesc)]
+
+DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2, "int32": 3}
+
+# FFI target name -> (symbol, platforms). CUDA handlers exist only in a CUDA build.
+_TARGETS = {
+    "sluice_gmm": "sl_ffi_gmm",
+    "sluice_tgmm": "sl_ffi_tgmm",
+}
+_EXTRA_TARGETS: dict[str, str] = {}
+
+
+def has_cuda() -> bool:
+    return bool(lib.sl_has_cuda())
+
+
+def _register(name: str, symbol: str) -> None:
+    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol + "_cpu")), platform="cpu")
+    if has_cuda():
+        try:
+            jax.ffi.register_ffi_target(
+                name, jax.ffi.pycapsule(getattr(lib, symbol + "_cuda")), platform="CUDA"
+            )
+        except Exception:  # noqa: BLE001 - a jaxlib without the CUDA plugin: CPU only
+            pass
+
+
+def register_targets(targets: dict[str, str]) -> None:
+    """Registers FFI targets `name -> symbol prefix` (symbols `<prefix>_cpu` and `<prefix>_cuda`)."""
+    for name, symbol in targets.items():
+        if name not in _EXTRA_TARGETS and name not in _TARGETS:
+            _EXTRA_TARGETS[name] = symbol
+        _register(name, symbol)
+
+
+for _name, _symbol in _TARGETS.items():
+    _register(_name, _symbol)
+
+
+def gmm_workspace_bytes(
+    *, m, k, n, num_groups, num_local_groups, dtype, out_dtype, transpose_rhs
+) -> int:
+    """Device scratch the CUDA kernels need for one problem (O(G) bytes; never 0 here)."""
+    d = GmmDesc(
+        ctypes.sizeof(GmmDesc), 1, m, k, n, num_groups, num_local_groups,
+        DTYPE_CODES[str(dtype)], DTYPE_CODES[str(dtype)], DTYPE_CODES[str(out_dtype)],
+        int(transpose_rhs),
+    )
+    return max(int(lib.sl_gmm_cuda_workspace_size(ctypes.byref(d))), 16)

@@ -1,0 +1,283 @@
+/*
+ * gmm / tgmm CPU kernels against a naive float64 reference, on random sizes and random data.
+ * Runs under AddressSanitizer and UndefinedBehaviorSanitizer (see CMakeLists.txt).
+ * Every output is poisoned (NaN) before each run, so an element the kernel forgets fails.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sluice.h"
+
+static int failures = 0, checks = 0;
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static uint64_t rng(void) { /* xorshift64* */
+  rng_state ^= rng_state >> 12;
+  rng_state ^= rng_state << 25;
+  rng_state ^= rng_state >> 27;
+  return rng_state * 0x2545F4914F6CDD1Dull;
+}
+static int rand_int(int lo, int hi) { return lo + (int)(rng() % (uint64_t)(hi - lo + 1)); }
+static float rand_float(void) { return (float)((rng() >> 40) / (double)(1ull << 24) * 2.0 - 1.0); }
+
+#define CHECK(cond, ...)                                   \
+  do {                                                     \
+    ++checks;                                              \
+    if (!(cond)) {                                         \
+      ++failures;                                          \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                        \
+      fprintf(stderr, "\n");                               \
+    }                                                      \
+  } while (0)
+
+/* Storage helpers: values are generated in f32, rounded to the storage dtype, and the reference
+ * reads the rounded values back so it sees exactly what the kernel sees. */
+static uint16_t to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+static float from_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+/* f16 for values in (-2, 2): normal range only, which is all the tests generate. */
+static uint16_t to_f16(float f) {
+  if (f == 0.0f) return 0;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  u &= 0x7fffffffu;
+  if (u < 0x38800000u) return sign; /* flush tiny values to zero: the test never relies on them */
+  u += 0xfffu + ((u >> 13) & 1u);
+  return sign | (uint16_t)((u - (112u << 23)) >> 13);
+}
+static float from_f16(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0 && man == 0) return sign ? -0.0f : 0.0f;
+  uint32_t u = sign | ((exp + 112u) << 23) | (man << 13);
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static void *alloc_random(sl_dtype t, size_t n) {
+  void *p = malloc(sl_dtype_size(t) * (n ? n : 1));
+  for (size_t i = 0; i < n; ++i) {
+    float v = rand_float();
+    if (t == SL_DTYPE_F32) ((float *)p)[i] = v;
+    else if (t == SL_DTYPE_BF16) ((uint16_t *)p)[i] = to_bf16(v);
+    else ((uint16_t *)p)[i] = to_f16(v);
+  }
+  return p;
+}
+static double get(sl_dtype t, const void *p, size_t i) {
+  if (t == SL_DTYPE_F32) return ((const float *)p)[i];
+  if (t == SL_DTYPE_BF16) return from_bf16(((const uint16_t *)p)[i]);
+  return from_f16(((const uint16_t *)p)[i]);
+}
+static void poison(sl_dtype t, void *p, size_t n) {
+  /* 0xFF.. is a NaN in f32, bf16 and f16 alike */
+  memset(p, 0xFF, sl_dtype_size(t) * n);
+}
+
+/* Random group sizes summing to `total` (some groups empty). */
+static void random_groups(int32_t *gs, int G, int total) {
+  memset(gs, 0, sizeof(int32_t) * (size_t)G);
+  for (int r = 0; r < total; ++r) {
+    int g = rand_int(0, G - 1);
+    if (G > 2 && (g % 3) == 1 && rand_int(0, 3) != 0) g = 0; /* leave some groups empty */
+    gs[g]++;
+  }
+}
+
+static double tolerance(sl_dtype in, sl_dtype out) {
+  if (in == SL_DTYPE_F32 && out == SL_DTYPE_F32) return 1e-5;
+  return 1e-2;
+}
+
+/* ||out - ref|| / ||ref|| over the whole output (ref all-zero: max abs error). NaN fails. */
+static double rel_error(sl_dtype t, const void *out, const double *ref, size_t n, int *nan_seen) {
+  double num = 0, den = 0;
+  *nan_seen = 0;
+  for (size_t i = 0; i < n; ++i) {
+    double o = get(t, out, i);
+    if (isnan(o)) *nan_seen = 1;
+    num += (o - ref[i]) * (o - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void test_case(const char *name, sl_dtype in, sl_dtype outt, int batch, int M, int K, int N,
+                      int G, int GL, int transpose, int used_rows) {
+  sl_gmm_desc d = sl_gmm_desc_default();
+  d.batch = batch;
+  d.m = M, d.k = K, d.n = N, d.num_groups = G, d.num_local_groups = GL;
+  d.lhs_dtype = d.rhs_dtype = in;
+  d.out_dtype = outt;
+  d.transpose_rhs = transpose;
+
+  int32_t *gs = malloc(sizeof(int32_t) * (size_t)(batch * G));
+  int32_t *off = malloc(sizeof(int32_t) * (size_t)batch);
+  for (int b = 0; b < batch; ++b) {
+    random_groups(gs + b * G, G, used_rows);
+    off[b] = rand_int(0, G - GL);
+  }
+  void *lhs = alloc_random(in, (size_t)batch * M * K);
+  void *rhs = alloc_random(in, (size_t)batch * GL * K * N);
+  void *rhs_t = alloc_random(in, (size_t)batch * M * N); /* tgmm's rhs */
+
+  /* ---- gmm ---- */
+  size_t n_out = (size_t)batch * M * N;
+  void *out = malloc(sl_dtype_size(outt) * (n_out ? n_out : 1));
+  double *ref = calloc(n_out ? n_out : 1, sizeof(double));
+  for (int b = 0; b < batch; ++b) {
+    int start = 0;
+    for (int g = 0; g < G; ++g) {
+      int size = gs[b * G + g], j = g - off[b];
+      if (j >= 0 && j < GL) {
+        for (int r = start; r < start + size; ++r)
+          for (int c = 0; c < N; ++c) {
+            double acc = 0;
+            for (int k = 0; k < K; ++k) {
+              size_t ri = transpose ? (((size_t)b * GL + j) * N + c) * K + k
+                                    : (((size_t)b * GL + j) * K + k) * N + c;
+              acc += get(in, lhs, ((size_t)b * M + r) * K + k) * get(in, rhs, ri);
+            }
+            ref[((size_t)b * M + r) * N + c] = acc;
+          }
+      }
+      start += size;
+    }
+  }
+  poison(outt, out, n_out);
+  sl_status st = sl_gmm_cpu(&d, lhs, rhs, gs, off, out, 0);
+  CHECK(st == SL_STATUS_SUCCESS, "%s gmm: %s %s", name, sl_status_string(st), sl_last_error());
+  int nan_seen;
+  double err = rel_error(outt, out, ref, n_out, &nan_seen);
+  CHECK(!nan_seen && err < tolerance(in, outt), "%s gmm: rel error %.3g nan=%d", name, err,
+        nan_seen);
+
+  /* ---- tgmm (no transpose) ---- */
+  if (!transpose) {
+    size_t n_t = (size_t)batch * GL * K * N;
+    void *tout = malloc(sl_dtype_size(outt) * (n_t ? n_t : 1));
+    double *tref = calloc(n_t ? n_t : 1, sizeof(double));
+    for (int b = 0; b < batch; ++b) {
+      int start = 0;
+      for (int g = 0; g < G; ++g) {
+        int size = gs[b * G + g], j = g - off[b];
+        if (j >= 0 && j < GL)
+          for (int k = 0; k < K; ++k)
+            for (int c = 0; c < N; ++c) {
+              double acc = 0;
+              for (int r = start; r < start + size; ++r)
+                acc += get(in, lhs, ((size_t)b * M + r) * K + k) *
+                       get(in, rhs_t, ((size_t)b * M + r) * N + c);
+              tref[(((size_t)b * GL + j) * K + k) * N + c] = acc;
+            }
+        start += size;
+      }
+    }
+    poison(outt, tout, n_t);
+    st = sl_tgmm_cpu(&d, lhs, rhs_t, gs, off, tout, 0);
+    CHECK(st == SL_STATUS_SUCCESS, "%s tgmm: %s %s", name, sl_status_string(st), sl_last_error());
+    err = rel_error(outt, tout, tref, n_t, &nan_seen);
+    CHECK(!nan_seen && err < tolerance(in, outt), "%s tgmm: rel error %.3g nan=%d", name, err,
+          nan_seen);
+    free(tout);
+    free(tref);
+  }
+  free(gs), free(off), free(lhs), free(rhs), free(rhs_t), free(out), free(ref);
+}
+
+static void test_bad_inputs(void) {
+  float lhs[4 * 3] = {0}, rhs[2 * 3 * 5] = {0}, out[4 * 5];
+  int32_t gs[2] = {2, 2}, off[1] = {0};
+  sl_gmm_desc d = sl_gmm_desc_default();
+  d.m = 4, d.k = 3, d.n = 5, d.num_groups = 2, d.num_local_groups = 2;
+  d.lhs_dtype = d.rhs_dtype = d.out_dtype = SL_DTYPE_F32;
+
+  CHECK(sl_gmm_cpu(&d, lhs, rhs, gs, off, out, 1) == SL_STATUS_SUCCESS, "valid call failed: %s",
+        sl_last_error());
+
+  int32_t neg[2] = {-1, 3};
+  CHECK(sl_gmm_cpu(&d, lhs, rhs, neg, off, out, 1) == SL_STATUS_INVALID_VALUE &&
+            strstr(sl_last_error(), "group_sizes[0] = -1 is negative"),
+        "negative size: %s", sl_last_error());
+  int32_t big[2] = {3, 2};
+  CHECK(sl_gmm_cpu(&d, lhs, rhs, big, off, out, 1) == SL_STATUS_INVALID_VALUE &&
+            strstr(sl_last_error(), "sum(group_sizes) = 5 exceeds the 4 rows"),
+        "too large: %s", sl_last_error());
+  int32_t bad_off[1] = {1};
+  CHECK(sl_tgmm_cpu(&d, lhs, lhs, gs, bad_off, out, 1) == SL_STATUS_INVALID_ARGUMENT ||
+            sl_tgmm_cpu(&d, lhs, lhs, gs, bad_off, out, 1) == SL_STATUS_INVALID_VALUE,
+        "bad offset: %s", sl_last_error());
+  CHECK(sl_gmm_cpu(&d, lhs, rhs, gs, bad_off, out, 1) == SL_STATUS_INVALID_VALUE &&
+            strstr(sl_last_error(), "group_offset"),
+        "bad offset: %s", sl_last_error());
+
+  sl_gmm_desc e = d;
+  e.rhs_dtype = SL_DTYPE_BF16;
+  CHECK(sl_gmm_cpu(&e, lhs, rhs, gs, off, out, 1) == SL_STATUS_INVALID_ARGUMENT &&
+            strstr(sl_last_error(), "differs"),
+        "mixed dtypes: %s", sl_last_error());
+  e = d;
+  e.out_dtype = SL_DTYPE_I32;
+  CHECK(sl_gmm_cpu(&e, lhs, rhs, gs, off, out, 1) == SL_STATUS_INVALID_ARGUMENT,
+        "int output accepted");
+  e = d;
+  e.num_local_groups = 3;
+  CHECK(sl_gmm_cpu(&e, lhs, rhs, gs, off, out, 1) == SL_STATUS_INVALID_ARGUMENT &&
+            strstr(sl_last_error(), "num_local_groups"),
+        "G_local > G: %s", sl_last_error());
+  e = d;
+  e.struct_size = 8;
+  CHECK(sl_gmm_cpu(&e, lhs, rhs, gs, off, out, 1) == SL_STATUS_INVALID_ARGUMENT &&
+            strstr(sl_last_error(), "struct_size"),
+        "struct_size: %s", sl_last_error());
+  CHECK(sl_gmm_cpu(NULL, lhs, rhs, gs, off, out, 1) == SL_STATUS_INVALID_ARGUMENT, "NULL desc");
+  CHECK(sl_gmm_cpu(&d, lhs, rhs, gs, off, NULL, 1) == SL_STATUS_INVALID_ARGUMENT, "NULL out");
+  e = d;
+  e.transpose_rhs = 1;
+  CHECK(sl_tgmm_cpu(&e, lhs, lhs, gs, off, out, 1) == SL_STATUS_INVALID_ARGUMENT,
+        "tgmm transpose");
+  CHECK(strcmp(sl_status_string(SL_STATUS_TIMEOUT), "SL_STATUS_TIMEOUT") == 0, "status string");
+  CHECK(sl_gmm_cuda(&d, lhs, rhs, gs, off, out, NULL, NULL) == SL_STATUS_UNSUPPORTED || sl_has_cuda(),
+        "cuda stub");
+}
+
+int main(void) {
+  const sl_dtype types[3] = {SL_DTYPE_F32, SL_DTYPE_BF16, SL_DTYPE_F16};
+  /* fixed edge cases */
+  test_case("G=1", SL_DTYPE_F32, SL_DTYPE_F32, 1, 37, 19, 23, 1, 1, 0, 37);
+  test_case("G=1 partial", SL_DTYPE_F32, SL_DTYPE_F32, 1, 37, 19, 23, 1, 1, 1, 20);
+  test_case("no rows used", SL_DTYPE_BF16, SL_DTYPE_F32, 1, 16, 8, 8, 4, 4, 0, 0);
+  test_case("M=0", SL_DTYPE_F32, SL_DTYPE_F32, 1, 0, 8, 8, 3, 3, 0, 0);
+  test_case("K=0", SL_DTYPE_F32, SL_DTYPE_F32, 1, 9, 0, 8, 3, 3, 0, 9);
+  test_case("no local groups", SL_DTYPE_F32, SL_DTYPE_F32, 1, 9, 5, 8, 3, 0, 0, 9);
+  test_case("one-row groups", SL_DTYPE_F32, SL_DTYPE_F32, 1, 8, 33, 130, 8, 8, 0, 8);
+  test_case("big tiles", SL_DTYPE_BF16, SL_DTYPE_BF16, 1, 300, 530, 270, 5, 3, 0, 290);
+  test_case("big tiles T", SL_DTYPE_F16, SL_DTYPE_F32, 1, 300, 530, 270, 5, 5, 1, 300);
+  test_case("batch", SL_DTYPE_F32, SL_DTYPE_BF16, 3, 41, 17, 29, 6, 4, 0, 35);
+  /* random */
+  for (int it = 0; it < 60; ++it) {
+    int M = rand_int(0, 150), K = rand_int(1, 140), N = rand_int(1, 150), G = rand_int(1, 12);
+    int GL = rand_int(0, G);
+    sl_dtype in = types[rand_int(0, 2)], out = types[rand_int(0, 2)];
+    char name[96];
+    snprintf(name, sizeof name, "random#%d M=%d K=%d N=%d G=%d GL=%d in=%d out=%d", it, M, K, N, G,
+             GL, (int)in, (int)out);
+    test_case(name, in, out, rand_int(1, 2), M, K, N, G, GL, rand_int(0, 1), rand_int(0, M));
+  }
+  test_bad_inputs();
+  printf("test_gmm: %d checks, %d failures\n", checks, failures);
+  return failures ? 1 : 0;
+}
