@@ -79,13 +79,10 @@ def has_cuda() -> bool:
 
 def _register(name: str, symbol: str) -> None:
     jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol + "_cpu")), platform="cpu")
-    if has_cuda():
-        try:
-            jax.ffi.register_ffi_target(
-                name, jax.ffi.pycapsule(getattr(lib, symbol + "_cuda")), platform="CUDA"
-            )
-        except Exception:  # noqa: BLE001 - a jaxlib without the CUDA plugin: CPU only
-            pass
+    if has_cuda():  # registering for CUDA is harmless where jax has no GPU backend
+        jax.ffi.register_ffi_target(
+            name, jax.ffi.pycapsule(getattr(lib, symbol + "_cuda")), platform="CUDA"
+        )
 
 
 def register_targets(targets: dict[str, str]) -> None:

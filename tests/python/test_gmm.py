@@ -8,11 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, PartitionSpec as P
-
 import sluice
-
 from jax import shard_map
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 RNG = np.random.default_rng()
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2, jnp.float16: 5e-3}

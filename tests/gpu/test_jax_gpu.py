@@ -1,0 +1,95 @@
+"""sluice.gmm / sluice.tgmm through JAX on a GPU: the CUDA FFI handlers under jit (XLA may capture
+them into CUDA graphs: they declare themselves command-buffer compatible), grad, vmap, and clamping of
+wrong device-side group sizes. Run on a GPU machine:  PYTHONPATH=python python3 -m pytest tests/gpu"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sluice
+
+pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
+RNG = np.random.default_rng()
+
+
+def rel_err(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert not np.isnan(a).any(), "NaN in output"
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
+def groups(m, g, skew=True):
+    p = RNG.dirichlet(np.full(g, 0.3)) if skew else np.full(g, 1 / g)
+    return jnp.asarray(RNG.multinomial(m, p), jnp.int32)
+
+
+def rand(shape, dtype=jnp.bfloat16):
+    return jnp.asarray(RNG.standard_normal(shape), dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+@pytest.mark.parametrize("m,k,n,g,used", [(1000, 256, 384, 8, 1000), (777, 200, 136, 33, 700),
+                                          (64, 64, 64, 1, 64), (300, 128, 256, 256, 290)])
+def test_gmm_gpu(dtype, transpose_rhs, m, k, n, g, used):
+    gs = groups(used, g)
+    lhs = rand((m, k), dtype)
+    rhs = rand((g, n, k) if transpose_rhs else (g, k, n), dtype)
+    f = jax.jit(lambda a, b, s: sluice.gmm(a, b, s, transpose_rhs=transpose_rhs,
+                                           preferred_element_type=jnp.float32))
+    ref = sluice.gmm_reference(lhs, rhs, gs, transpose_rhs=transpose_rhs,
+                               preferred_element_type=jnp.float32)
+    assert rel_err(f(lhs, rhs, gs), ref) < 1e-2
+    # new sizes, same compiled program (a replayed graph must read the new sizes)
+    gs2 = groups(used, g)
+    ref2 = sluice.gmm_reference(lhs, rhs, gs2, transpose_rhs=transpose_rhs,
+                                preferred_element_type=jnp.float32)
+    assert rel_err(f(lhs, rhs, gs2), ref2) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_tgmm_gpu(dtype):
+    gs = groups(900, 16)
+    lhs, rhs = rand((1000, 192), dtype), rand((1000, 320), dtype)
+    out = jax.jit(lambda a, b, s: sluice.tgmm(a, b, s, preferred_element_type=jnp.float32))(
+        lhs, rhs, gs)
+    ref = sluice.tgmm_reference(lhs, rhs, gs, preferred_element_type=jnp.float32)
+    assert rel_err(out, ref) < 1e-2
+    for j in np.flatnonzero(np.asarray(gs) == 0):
+        assert np.all(np.asarray(out[j]) == 0)
+
+
+def test_group_offset_gpu():
+    gs = groups(500, 16)
+    lhs, rhs = rand((512, 128)), rand((4, 128, 256))
+    for off in (0, 5, 12):
+        out = jax.jit(lambda o: sluice.gmm(lhs, rhs, gs, group_offset=o,
+                                           preferred_element_type=jnp.float32))(jnp.int32(off))
+        ref = sluice.gmm_reference(lhs, rhs, gs, group_offset=off,
+                                   preferred_element_type=jnp.float32)
+        assert rel_err(out, ref) < 1e-2
+
+
+def test_grad_and_vmap_gpu():
+    gs = groups(480, 8)
+    lhs, rhs = rand((512, 128)), rand((8, 128, 192))
+    loss = lambda f: (lambda x, w: jnp.sum(f(x, w, gs).astype(jnp.float32) ** 2))
+    ga = jax.jit(jax.grad(loss(sluice.gmm), (0, 1)))(lhs, rhs)
+    gb = jax.jit(jax.grad(loss(jax.lax.ragged_dot), (0, 1)))(lhs, rhs)
+    assert rel_err(ga[0], gb[0]) < 2e-2 and rel_err(ga[1], gb[1]) < 2e-2
+    xs = jnp.stack([lhs, lhs * 0.5])
+    out = jax.vmap(lambda x: sluice.gmm(x, rhs, gs, preferred_element_type=jnp.float32))(xs)
+    assert rel_err(out[1], 0.5 * sluice.gmm_reference(lhs, rhs, gs,
+                                                     preferred_element_type=jnp.float32)) < 1e-2
+
+
+def test_wrong_device_sizes_are_clamped_gpu():
+    """Negative sizes count as 0 and rows past M are ignored: no fault, a defined result."""
+    lhs, rhs = rand((128, 64)), rand((4, 64, 64))
+    bad = jnp.array([-50, 40, 1000, 7], jnp.int32)
+    out = np.asarray(jax.jit(sluice.gmm)(lhs, rhs, bad).astype(jnp.float32))
+    clamped = jnp.array([0, 40, 88, 0], jnp.int32)  # what the clamp leaves of the rows
+    ref = np.asarray(sluice.gmm_reference(lhs, rhs, clamped, preferred_element_type=jnp.float32))
+    assert rel_err(out, ref) < 1e-2
+    t = jax.jit(sluice.tgmm)(lhs, lhs, bad).block_until_ready()
+    assert not np.isnan(np.asarray(t, np.float32)).any()
