@@ -138,6 +138,160 @@ sl_status sl_tgmm_cuda(const sl_gmm_desc *desc, const void *lhs, const void *rhs
 /* 1 if the library was built with CUDA kernels, else 0. */
 int sl_has_cuda(void);
 
+
+/* ================================================================================================
+ * Expert parallelism: dispatch and combine
+ *
+ * R ranks form a group (one expert-parallel mesh axis); a communicator holds G independent groups
+ * (the other mesh axes) of R ranks. E experts are split evenly: rank d owns experts
+ * [d*L, (d+1)*L), L = E/R. Every rank holds T tokens with k expert slots each.
+ *
+ * dispatch (each rank, all ranks of a group together):
+ *   a token goes ONCE to each rank that owns at least one of its experts (topk_idx -1: no expert).
+ *   Rank d receives rows ordered by (source rank, source token) into static worst-case buffers of
+ *   N = T*R rows: recv_x [N, H], recv_idx [N, k] (local expert id e - d*L where expert e is on d,
+ *   else -1), recv_w [N, k] (the weight where local, else 0), num_recv (valid rows; rows past it
+ *   are zero, -1 ids and 0 weights), counts [L] ((row, slot) pairs per local expert), and a layout
+ *   for the way back: send_row [T, R] (the row of token t in rank d's buffer, -1 if not sent) and
+ *   recv_src [N] (s*T + t for a row from token t of rank s, -1 past num_recv).
+ * combine: out[t] = sum over d = 0..R-1 (in this order, in f32) of y_d[send_row[t, d]], rounded
+ *   once to the output dtype: bitwise deterministic. A token sent nowhere gets zeros.
+ * redispatch: combine's transpose: out_d[i] = g_s[t] for recv_src_d[i] = s*T + t, zero rows past it.
+ * fan_out / fan_in: local, on the receiving rank (see below).
+ *
+ * Data-dependent values (expert ids): the CPU calls reject an id outside [-1, E) and an expert that
+ * appears twice in one token's slots with SL_STATUS_INVALID_VALUE (on every rank of the group,
+ * naming the rank, token and slot). The CUDA calls treat such a slot as -1 (not routed); with
+ * SLUICE_DEBUG=1 they check on the host and return SL_STATUS_INVALID_VALUE.
+ *
+ * Exchanges. Ops of a group meet at a rendezvous keyed by (tag, n): the n-th call with a given tag on
+ * one rank meets the n-th call with that tag on every other rank of its group, so independent ops may
+ * run in any order on each rank. Every wait is bounded by the communicator's timeout and ends in
+ * SL_STATUS_TIMEOUT naming the waiting rank, the exchange and the ranks it waited for; the
+ * communicator is then broken and every later call on it fails at once (create a new one).
+ * A rank whose own arguments are bad still joins the exchange, so every rank of the group returns
+ * the same error instead of waiting for it.
+ * ==============================================================================================*/
+
+/* Describes a communicator. */
+typedef struct sl_ep_comm_desc {
+  size_t struct_size;         /* sizeof(sl_ep_comm_desc) */
+  int num_groups;             /* G >= 1 */
+  int num_ranks;              /* R >= 1 ranks per group */
+  double timeout_s;           /* bound of every wait, > 0 (default 60) */
+  int use_cuda;               /* 1: also set up the CUDA transport (NVLink peer memory, one process) */
+  const int *device_ordinals; /* CUDA: [G*R] device of (group g, rank r) at g*R + r; else NULL */
+  int num_sms;                /* CUDA: blocks of the data kernels (one per SM), 1..64; 0 = 20 */
+} sl_ep_comm_desc;
+
+/* Defaults: one group, one rank, 60 s, no CUDA, struct_size set. */
+sl_ep_comm_desc sl_ep_comm_desc_default(void);
+
+/* Creates a communicator; *comm_id (> 0) names it in later calls (and in the FFI attributes).
+ * Thread-safe. With use_cuda it allocates each device's buffers and enables peer access between the
+ * devices of a group (requires peer access between them: SL_STATUS_UNSUPPORTED otherwise). */
+sl_status sl_ep_comm_create(const sl_ep_comm_desc *desc, int64_t *comm_id);
+
+/* Frees a communicator. No call on it may be running or start afterwards. */
+sl_status sl_ep_comm_destroy(int64_t comm_id);
+
+/* Describes one op on one rank. Every rank of a group passes the same values. */
+typedef struct sl_ep_desc {
+  size_t struct_size;  /* sizeof(sl_ep_desc) */
+  int64_t num_tokens;  /* T >= 0, tokens per rank */
+  int64_t hidden;      /* H >= 0, elements per row of x / y */
+  int64_t topk;        /* k >= 1 */
+  int64_t num_experts; /* E >= 1, a multiple of the group's R */
+  int64_t num_ranks;   /* R of the communicator (checked) */
+  sl_dtype dtype;      /* of the rows: F32, BF16 or F16 */
+  int64_t tag;         /* names the op instance in the program (see Exchanges) */
+} sl_ep_desc;
+
+sl_ep_desc sl_ep_desc_default(void);
+
+/* Layout of one source rank, no communication: send_pos [T, R] is the position of token t within
+ * the block of rows it sends to rank d (tokens in order), -1 if it sends none; send_counts [R] the
+ * rows it sends to each rank; expert_counts [E] (optional, may be NULL) the slots per expert.
+ * Rejects bad ids as above. */
+sl_status sl_ep_layout_cpu(const sl_ep_desc *desc, const int32_t *topk_idx, int32_t *send_pos,
+                           int32_t *send_counts, int32_t *expert_counts);
+
+/* The same layout on the GPU (one block; what dispatch runs first), stream-ordered. expert_counts
+ * must not be NULL here. Ids outside [-1, E) and repeats count as -1. For benchmarks and tests. */
+sl_status sl_ep_layout_cuda(const sl_ep_desc *desc, const int32_t *topk_idx, int32_t *send_pos,
+                            int32_t *send_counts, int32_t *expert_counts, void *stream);
+
+/* CPU transport: every rank of a group calls these on its own thread (blocking) with host pointers;
+ * (group, rank) says which. Arrays as above: x [T,H], topk_idx [T,k], topk_w [T,k] f32,
+ * recv_x [N,H], recv_idx [N,k], recv_w [N,k] f32, num_recv [1], counts [L], send_row [T,R],
+ * recv_src [N], y [N,H], out [T,H], g [T,H]. combine's optional second payload y_w [N, k] f32
+ * (NULL: none) comes back summed the same way in out_w [T, k] f32 (the dispatch VJP's weight grad). */
+sl_status sl_ep_dispatch_cpu(int64_t comm_id, int group, int rank, const sl_ep_desc *desc,
+                             const void *x, const int32_t *topk_idx, const float *topk_w,
+                             void *recv_x, int32_t *recv_idx, float *recv_w, int32_t *num_recv,
+                             int32_t *counts, int32_t *send_row, int32_t *recv_src);
+sl_status sl_ep_combine_cpu(int64_t comm_id, int group, int rank, const sl_ep_desc *desc,
+                            const void *y, const float *y_w, const int32_t *send_row, void *out,
+                            float *out_w);
+sl_status sl_ep_redispatch_cpu(int64_t comm_id, int group, int rank, const sl_ep_desc *desc,
+                               const void *g, const int32_t *recv_src, void *out);
+
+/* CUDA transport (one process, peers over NVLink): the same ops, device pointers, stream-ordered on
+ * `stream`, no host sync (unless SLUICE_DEBUG=1). The rank is the one whose device is current.
+ * A wait that runs out sets an error that the next call on the communicator (or the debug check)
+ * returns as SL_STATUS_TIMEOUT. Returns SL_STATUS_UNSUPPORTED in a build without CUDA. */
+sl_status sl_ep_dispatch_cuda(int64_t comm_id, const sl_ep_desc *desc, const void *x,
+                              const int32_t *topk_idx, const float *topk_w, void *recv_x,
+                              int32_t *recv_idx, float *recv_w, int32_t *num_recv, int32_t *counts,
+                              int32_t *send_row, int32_t *recv_src, void *stream);
+sl_status sl_ep_combine_cuda(int64_t comm_id, const sl_ep_desc *desc, const void *y,
+                             const float *y_w, const int32_t *send_row, void *out, float *out_w,
+                             void *stream);
+sl_status sl_ep_redispatch_cuda(int64_t comm_id, const sl_ep_desc *desc, const void *g,
+                                const int32_t *recv_src, void *out, void *stream);
+
+/* fan_out (local): rows of recv_x [N, H] into expert-sorted order for gmm. xs [M, H] with
+ * M = N * min(k, L): the (row, slot) pairs with recv_idx[row, slot] = e >= 0, grouped by e, within a
+ * group by (row, slot); rows past the pairs are zero. group_sizes [L]; pos [N, k] the row of xs of each
+ * pair (-1 where recv_idx is -1). A counting sort: no comparison sort.
+ * fan_in (local): out[i] = sum over slots j = 0..k-1 with pos[i,j] >= 0 of w[i,j] * ys[pos[i,j]], in
+ * f32 in slot order, rounded once to out's dtype. fan_in_bwd: dys[pos[i,j]] = w[i,j] * dout[i] (rows
+ * past sum(group_sizes), fan_out's, are zero), dw[i,j] = <dout[i], ys[pos[i,j]]> in f32 (0 where pos
+ * is -1). On CUDA, ids outside [-1, L) and repeats count as -1 (SLUICE_DEBUG=1: an error).
+ * Shapes: desc->num_tokens is N here, desc->hidden H, desc->topk k, num_local_experts L; dtypes
+ * x_dtype of recv_x/xs/ys/dys and out_dtype of out/dout. CPU rejects ids outside [-1, L) and a
+ * repeated id in one row. */
+typedef struct sl_ep_fan_desc {
+  size_t struct_size;        /* sizeof(sl_ep_fan_desc) */
+  int64_t num_rows;          /* N */
+  int64_t hidden;            /* H */
+  int64_t topk;              /* k */
+  int64_t num_local_experts; /* L >= 1 */
+  sl_dtype x_dtype;
+  sl_dtype out_dtype;
+} sl_ep_fan_desc;
+
+sl_ep_fan_desc sl_ep_fan_desc_default(void);
+int64_t sl_ep_fan_rows(const sl_ep_fan_desc *desc); /* M = N * min(k, L) */
+/* Device scratch of sl_ep_fan_out_cuda in bytes (O(N*k/1024 * L)); the CPU call needs none. */
+size_t sl_ep_fan_workspace_size(const sl_ep_fan_desc *desc);
+
+sl_status sl_ep_fan_out_cpu(const sl_ep_fan_desc *desc, const void *recv_x, const int32_t *recv_idx,
+                            void *xs, int32_t *group_sizes, int32_t *pos);
+sl_status sl_ep_fan_in_cpu(const sl_ep_fan_desc *desc, const void *ys, const float *w,
+                           const int32_t *pos, void *out);
+sl_status sl_ep_fan_in_bwd_cpu(const sl_ep_fan_desc *desc, const void *dout, const void *ys,
+                               const float *w, const int32_t *pos, const int32_t *group_sizes,
+                               void *dys, float *dw);
+sl_status sl_ep_fan_out_cuda(const sl_ep_fan_desc *desc, const void *recv_x,
+                             const int32_t *recv_idx, void *xs, int32_t *group_sizes, int32_t *pos,
+                             void *workspace, void *stream);
+sl_status sl_ep_fan_in_cuda(const sl_ep_fan_desc *desc, const void *ys, const float *w,
+                            const int32_t *pos, void *out, void *stream);
+sl_status sl_ep_fan_in_bwd_cuda(const sl_ep_fan_desc *desc, const void *dout, const void *ys,
+                                const float *w, const int32_t *pos, const int32_t *group_sizes,
+                                void *dys, float *dw, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

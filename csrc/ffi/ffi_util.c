@@ -5,7 +5,8 @@
 #include <string.h>
 
 int sl_ffi_answer_metadata(XLA_FFI_CallFrame *frame, uint32_t traits) {
-  XLA_FFI_Extension_Base *ext = frame->extension_start;
+  /* XLA_FFI_Extension_Base in jax <= 0.10, XLA_FFI_InternalExtension from 0.11: same leading fields. */
+  __typeof__(frame->extension_start) ext = frame->extension_start;
   for (; ext != NULL; ext = ext->next) {
     if (ext->type != XLA_FFI_Extension_Metadata) continue;
     XLA_FFI_Metadata *md = ((XLA_FFI_Metadata_Extension *)ext)->metadata;

@@ -1,12 +1,13 @@
 """sluice: dropless Mixture-of-Experts primitives for JAX, in C/CUDA through the XLA FFI.
 
-  sluice.gmm / sluice.tgmm    grouped GEMM (ragged rows / ragged contraction), differentiable
-  sluice.gmm_reference ...    pure-jnp references of the same ops
+sluice.gmm / sluice.tgmm    grouped GEMM (ragged rows / ragged contraction), differentiable
+sluice.gmm_reference ...    pure-jnp references of the same ops
 """
 
 from ._lib import has_cuda
 from .gmm import gmm, gmm_reference, tgmm, tgmm_reference
+from . import ep
 
 __version__ = "0.1.0"
 
-__all__ = ["gmm", "tgmm", "gmm_reference", "tgmm_reference", "has_cuda", "__version__"]
+__all__ = ["__version__", "gmm", "gmm_reference", "has_cuda", "tgmm", "tgmm_reference"]

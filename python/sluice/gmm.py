@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _lib
+from ._vma import _vary_kw, match_vma
 
 _FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
 
@@ -46,7 +47,9 @@ def _check_common(op, lhs, group_sizes, group_offset, preferred_element_type):
     if group_offset is not None:
         shape = np.shape(group_offset)
         if shape not in ((), (1,)):
-            raise ValueError(f"sluice.{op}: group_offset must be a scalar or shape (1,), got {shape}")
+            raise ValueError(
+                f"sluice.{op}: group_offset must be a scalar or shape (1,), got {shape}"
+            )
         if not jnp.issubdtype(jnp.result_type(group_offset), jnp.integer):
             raise TypeError(f"sluice.{op}: group_offset must be an integer")
 
@@ -58,9 +61,12 @@ def _offset_array(group_offset):
 
 
 def _ffi(target, out_shape, out_dtype, lhs, rhs, group_sizes, group_offset, ws_bytes, **attrs):
+    # Inside shard_map the result varies over whatever mesh axes the operands vary over.
+    kw = _vary_kw(lhs, rhs, group_sizes, group_offset)
     call = jax.ffi.ffi_call(
         target,
-        (jax.ShapeDtypeStruct(out_shape, out_dtype), jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8)),
+        (jax.ShapeDtypeStruct(out_shape, out_dtype, **kw),
+         jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8, **kw)),
         vmap_method="broadcast_all",
     )
     return call(lhs, rhs, group_sizes, group_offset, **attrs)[0]
@@ -71,22 +77,51 @@ def _gmm_call(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype):
     g_local = rhs.shape[-3]
     n = rhs.shape[-2] if transpose_rhs else rhs.shape[-1]
     ws = _lib.gmm_workspace_bytes(
-        m=m, k=k, n=n, num_groups=group_sizes.shape[-1], num_local_groups=g_local,
-        dtype=jnp.dtype(lhs.dtype), out_dtype=jnp.dtype(out_dtype), transpose_rhs=transpose_rhs,
+        m=m,
+        k=k,
+        n=n,
+        num_groups=group_sizes.shape[-1],
+        num_local_groups=g_local,
+        dtype=jnp.dtype(lhs.dtype),
+        out_dtype=jnp.dtype(out_dtype),
+        transpose_rhs=transpose_rhs,
     )
-    return _ffi("sluice_gmm", lhs.shape[:-2] + (m, n), out_dtype, lhs, rhs, group_sizes,
-                group_offset, ws, transpose_rhs=np.int32(transpose_rhs))
+    return _ffi(
+        "sluice_gmm",
+        lhs.shape[:-2] + (m, n),
+        out_dtype,
+        lhs,
+        rhs,
+        group_sizes,
+        group_offset,
+        ws,
+        transpose_rhs=np.int32(transpose_rhs),
+    )
 
 
 def _tgmm_call(lhs, rhs, group_sizes, group_offset, num_local_groups, out_dtype):
     m, k = lhs.shape[-2:]
     n = rhs.shape[-1]
     ws = _lib.gmm_workspace_bytes(
-        m=m, k=k, n=n, num_groups=group_sizes.shape[-1], num_local_groups=num_local_groups,
-        dtype=jnp.dtype(lhs.dtype), out_dtype=jnp.dtype(out_dtype), transpose_rhs=False,
+        m=m,
+        k=k,
+        n=n,
+        num_groups=group_sizes.shape[-1],
+        num_local_groups=num_local_groups,
+        dtype=jnp.dtype(lhs.dtype),
+        out_dtype=jnp.dtype(out_dtype),
+        transpose_rhs=False,
     )
-    return _ffi("sluice_tgmm", lhs.shape[:-2] + (num_local_groups, k, n), out_dtype, lhs, rhs,
-                group_sizes, group_offset, ws)
+    return _ffi(
+        "sluice_tgmm",
+        lhs.shape[:-2] + (num_local_groups, k, n),
+        out_dtype,
+        lhs,
+        rhs,
+        group_sizes,
+        group_offset,
+        ws,
+    )
 
 
 # ---- gmm with its VJP ------------------------------------------------------------------------
@@ -110,14 +145,15 @@ def _gmm_bwd(transpose_rhs, out_dtype, res, dout):
         drhs = _tgmm_call(dout, lhs, group_sizes, group_offset, g_local, rhs.dtype)
     else:
         drhs = _tgmm_call(lhs, dout, group_sizes, group_offset, g_local, rhs.dtype)
-    return dlhs, drhs, None, None
+    return match_vma(dlhs, lhs), match_vma(drhs, rhs), None, None
 
 
 _gmm.defvjp(_gmm_fwd, _gmm_bwd)
 
 
-def gmm(lhs, rhs, group_sizes, *, transpose_rhs=False, group_offset=None,
-        preferred_element_type=None):
+def gmm(
+    lhs, rhs, group_sizes, *, transpose_rhs=False, group_offset=None, preferred_element_type=None
+):
     """Grouped matmul, a drop-in for `jax.lax.ragged_dot(lhs, rhs, group_sizes)`.
 
     Args:
@@ -174,14 +210,15 @@ def _tgmm_bwd(num_local_groups, out_dtype, res, dout):
     # out[g] = lhs_g^T rhs_g  =>  d lhs_g = rhs_g @ dout[g]^T,  d rhs_g = lhs_g @ dout[g]
     dlhs = _gmm_call(rhs, dout, group_sizes, group_offset, True, lhs.dtype)
     drhs = _gmm_call(lhs, dout, group_sizes, group_offset, False, rhs.dtype)
-    return dlhs, drhs, None, None
+    return match_vma(dlhs, lhs), match_vma(drhs, rhs), None, None
 
 
 _tgmm.defvjp(_tgmm_fwd, _tgmm_bwd)
 
 
-def tgmm(lhs, rhs, group_sizes, *, group_offset=None, num_local_groups=None,
-         preferred_element_type=None):
+def tgmm(
+    lhs, rhs, group_sizes, *, group_offset=None, num_local_groups=None, preferred_element_type=None
+):
     """Weight-gradient grouped matmul: out[j] = lhs[rows of g]^T @ rhs[rows of g], g = offset + j.
 
     Args:
@@ -205,7 +242,9 @@ def tgmm(lhs, rhs, group_sizes, *, group_offset=None, num_local_groups=None,
     g = group_sizes.shape[0]
     num_local_groups = g if num_local_groups is None else int(num_local_groups)
     if not 0 <= num_local_groups <= g:
-        raise ValueError(f"sluice.tgmm: num_local_groups must be in [0, {g}], got {num_local_groups}")
+        raise ValueError(
+            f"sluice.tgmm: num_local_groups must be in [0, {g}], got {num_local_groups}"
+        )
     out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
     return _tgmm(lhs, rhs, group_sizes, _offset_array(group_offset), num_local_groups, out_dtype)
 
@@ -222,23 +261,33 @@ def _local_masks(m, group_sizes, group_offset, g_local):
     return (rows[None, :] >= s[:, None]) & (rows[None, :] < e[:, None])
 
 
-def gmm_reference(lhs, rhs, group_sizes, *, transpose_rhs=False, group_offset=None,
-                  preferred_element_type=None):
+def gmm_reference(
+    lhs, rhs, group_sizes, *, transpose_rhs=False, group_offset=None, preferred_element_type=None
+):
     """gmm in plain jnp (float32 math, G_local dense matmuls): for tests, not for speed."""
     out_dtype = preferred_element_type or lhs.dtype
     masks = _local_masks(lhs.shape[0], group_sizes, group_offset, rhs.shape[0])
     w = jnp.swapaxes(rhs, 1, 2) if transpose_rhs else rhs
-    prods = jnp.einsum("mk,gkn->gmn", lhs.astype(jnp.float32), w.astype(jnp.float32),
-                       precision=jax.lax.Precision.HIGHEST)
+    prods = jnp.einsum(
+        "mk,gkn->gmn",
+        lhs.astype(jnp.float32),
+        w.astype(jnp.float32),
+        precision=jax.lax.Precision.HIGHEST,
+    )
     return jnp.sum(jnp.where(masks[:, :, None], prods, 0.0), axis=0).astype(out_dtype)
 
 
-def tgmm_reference(lhs, rhs, group_sizes, *, group_offset=None, num_local_groups=None,
-                   preferred_element_type=None):
+def tgmm_reference(
+    lhs, rhs, group_sizes, *, group_offset=None, num_local_groups=None, preferred_element_type=None
+):
     """tgmm in plain jnp (float32 math): for tests, not for speed."""
     out_dtype = preferred_element_type or lhs.dtype
     g_local = group_sizes.shape[0] if num_local_groups is None else num_local_groups
     masks = _local_masks(lhs.shape[0], group_sizes, group_offset, g_local)
-    return jnp.einsum("gm,mk,mn->gkn", masks.astype(jnp.float32), lhs.astype(jnp.float32),
-                      rhs.astype(jnp.float32),
-                      precision=jax.lax.Precision.HIGHEST).astype(out_dtype)
+    return jnp.einsum(
+        "gm,mk,mn->gkn",
+        masks.astype(jnp.float32),
+        lhs.astype(jnp.float32),
+        rhs.astype(jnp.float32),
+        precision=jax.lax.Precision.HIGHEST,
+    ).astype(out_dtype)

@@ -183,8 +183,7 @@ def test_shard_map_expert_parallel_gmm():
     lhs, rhs = rand((m, k), jnp.float32), rand((g, k, n), jnp.float32)
 
     @jax.jit
-    @functools.partial(shard_map, mesh=mesh, in_specs=(P(), P("ep"), P()), out_specs=P(),
-                       check_vma=False)
+    @functools.partial(shard_map, mesh=mesh, in_specs=(P(), P("ep"), P()), out_specs=P())
     def ep_gmm(x, w, s):
         off = jax.lax.axis_index("ep") * w.shape[0]
         return jax.lax.psum(sluice.gmm(x, w, s, group_offset=off), "ep")

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# sluice.ep on the GPUs of one host, in one command: build in-tree, check the CUDA C API (and again under
+# compute-sanitizer, on one GPU), run the JAX GPU tests, then the benchmark. Every step's output goes to
+# $OUT/log.txt; a one-line status per step to $OUT/summary.txt; results to $OUT/ep-*.json and ep.md.
+#
+#   OUT=/tmp/ep bash bench/run_ep_gpu.sh          # OUT defaults to bench/results/run-ep
+#
+# NVLink multicast stays off (these variables are also set by the machines that lend GPUs here).
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/results/run-ep}
+mkdir -p "$OUT"
+LOG=$OUT/log.txt
+: >"$LOG"
+: >"$OUT/summary.txt"
+export PYTHONPATH=$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1 SLUICE_EP_TIMEOUT=10
+# Hopper only by default (the H100/H200 machines): half the compile time of "80;90a-real".
+ARCH=${SLUICE_CUDA_ARCH:-90a-real}
+
+step() {
+  local name=$1 start rc
+  shift
+  start=$(date +%s)
+  echo "===== $name: $*" >>"$LOG"
+  "$@" >>"$LOG" 2>&1
+  rc=$?
+  echo "$name rc=$rc $(($(date +%s) - start))s" | tee -a "$OUT/summary.txt"
+  return $rc
+}
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  nvidia-smi topo -m
+  python3 -c 'import jax, cupy; print("jax", jax.__version__, jax.devices()); print("cupy", cupy.__version__)'
+} >>"$LOG" 2>&1
+
+# The whole library; if another part of the tree does not build right now, fall back to the C core, the
+# FFI handlers and the ep kernels alone (gmm's CUDA entry points then report UNSUPPORTED).
+ep_only_build() {
+  local b=build-ep ffi
+  ffi=$(python3 -c 'import jax; print(jax.ffi.include_dir())') || return 1
+  rm -rf $b && mkdir -p $b || return 1
+  cat >$b/gmm_stub.c <<'STUB'
+#include "internal.h"
+int sl_has_cuda(void) { return 1; }
+size_t sl_gmm_cuda_workspace_size(const sl_gmm_desc *d) { (void)d; return 0; }
+sl_status sl_gmm_cuda(const sl_gmm_desc *d, const void *a, const void *b, const int32_t *g,
+                      const int32_t *o, void *c, void *w, void *s) {
+  return sl_set_error(SL_STATUS_UNSUPPORTED, "gmm: not in this ep-only build");
+}
+sl_status sl_tgmm_cuda(const sl_gmm_desc *d, const void *a, const void *b, const int32_t *g,
+                       const int32_t *o, void *c, void *w, void *s) {
+  return sl_set_error(SL_STATUS_UNSUPPORTED, "tgmm: not in this ep-only build");
+}
+STUB
+  local objs=() f o
+  for f in csrc/core/status.c csrc/core/gmm_cpu.c csrc/core/ep_comm.c csrc/core/ep_cpu.c csrc/ffi/*.c $b/gmm_stub.c; do
+    o=$b/$(basename "$f").o
+    gcc -O2 -std=gnu11 -fPIC -fopenmp -Iinclude -Icsrc/core -Icsrc/ffi -I"$ffi" -c "$f" -o "$o" || return 1
+    objs+=("$o")
+  done
+  for f in csrc/cuda/ep_*.cu; do
+    o=$b/$(basename "$f").o
+    nvcc -O3 -std=c++17 -Xcompiler -fPIC -gencode arch=compute_90a,code=sm_90a -Iinclude -Icsrc/core \
+      -c "$f" -o "$o" || return 1
+    objs+=("$o")
+  done
+  nvcc -shared -o $b/libsluice.so "${objs[@]}" -Xcompiler -fopenmp -cudart static -lm
+}
+if ! step build bash -c "cmake -B build -DPython_EXECUTABLE=$(command -v python3) -DCMAKE_CUDA_ARCHITECTURES=$ARCH \
+  && cmake --build build -j 32 --target sluice"; then
+  rm -f build/libsluice.so
+  step build_ep_only ep_only_build || { tail -40 "$LOG"; exit 1; }
+  export SLUICE_LIBRARY=$PWD/build-ep/libsluice.so
+fi
+
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+step capi_check timeout 180 python3 tests/gpu/ep_capi_check.py --ranks 2
+step sanitizer timeout 100 "$SAN" --tool memcheck --leak-check no --error-exitcode 9 \
+  python3 tests/gpu/ep_capi_check.py --ranks 1 --quick
+step pytest_gpu timeout 300 python3 -m pytest -x -q tests/gpu/test_ep_gpu.py
+step bench_capi timeout 240 python3 bench/bench_ep.py --part capi --sms 20 24 32 --out "$OUT/ep-capi.json"
+step bench_jax timeout 300 python3 bench/bench_ep.py --part jax --sms 20 --out "$OUT/ep-jax.json"
+python3 bench/bench_ep.py --report "$OUT/ep-capi.json" "$OUT/ep-jax.json" --md "$OUT/ep.md" >>"$LOG" 2>&1
+
+echo
+grep -E "FAIL|Error|error|passed|failed|ERROR SUMMARY|capi |jax |ep_capi_check" "$LOG" | grep -v "^=====" | tail -40
+echo
+cat "$OUT/summary.txt"
+cat "$OUT/ep.md" 2>/dev/null

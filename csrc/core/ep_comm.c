@@ -1,0 +1,429 @@
+/*
+ * Expert-parallel communicators and the CPU rendezvous.
+ *
+ * A communicator is G groups of R ranks. The CPU transport is a rendezvous in shared memory: each
+ * rank's op (on its own thread) publishes pointers to its inputs, waits until every rank of its
+ * group has, reads what it needs straight from the peers' arrays, then waits until every rank is
+ * done reading before it returns (so no rank's inputs are freed while a peer still reads them).
+ *
+ * An exchange is keyed by (tag, n): the n-th call of a rank with a tag meets the n-th call of every
+ * other rank with that tag. Ops with different tags may thus interleave differently on each rank.
+ * One mutex and condition variable per group guard its exchanges; waits are pthread_cond_timedwait
+ * on CLOCK_MONOTONIC, never spins (a CPU client can run more devices than there are cores). A
+ * timeout breaks the communicator: the peers' counts no longer line up, so every later call fails.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "ep_internal.h"
+
+struct ep_exchange {
+  int64_t tag, n;
+  int arrived, finished, left;
+  unsigned char *has_arrived, *has_finished; /* [R] */
+  ep_post *posts;                            /* [R] */
+  ep_exchange *next;
+};
+
+struct ep_group {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  ep_exchange *list;
+  /* calls so far per (tag, rank): tags[i], calls[i * R + rank] */
+  int64_t *tags, *calls;
+  int ntags, cap;
+};
+
+/* ---- registry ----------------------------------------------------------------------------- */
+enum { EP_MAX_COMMS = 256 };
+static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
+static sl_ep_comm *registry[EP_MAX_COMMS];
+static int64_t next_id = 1;
+
+sl_ep_comm_desc sl_ep_comm_desc_default(void) {
+  sl_ep_comm_desc d;
+  memset(&d, 0, sizeof d);
+  d.struct_size = sizeof d;
+  d.num_groups = 1;
+  d.num_ranks = 1;
+  d.timeout_s = 60.0;
+  return d;
+}
+
+sl_ep_desc sl_ep_desc_default(void) {
+  sl_ep_desc d;
+  memset(&d, 0, sizeof d);
+  d.struct_size = sizeof d;
+  d.topk = 1;
+  d.num_experts = 1;
+  d.num_ranks = 1;
+  d.dtype = SL_DTYPE_F32;
+  return d;
+}
+
+static void free_group(ep_group *g) {
+  while (g->list) {
+    ep_exchange *e = g->list;
+    g->list = e->next;
+    free(e->has_arrived);
+    free(e->has_finished);
+    free(e->posts);
+    free(e);
+  }
+  free(g->tags);
+  free(g->calls);
+  pthread_mutex_destroy(&g->mu);
+  pthread_cond_destroy(&g->cv);
+}
+
+static void free_comm(sl_ep_comm *c) {
+  if (c->cuda) ep_cuda_detach(c);
+  if (c->groups)
+    for (int i = 0; i < c->num_groups; ++i) free_group(&c->groups[i]);
+  free(c->groups);
+  free(c);
+}
+
+sl_status sl_ep_comm_create(const sl_ep_comm_desc *desc, int64_t *comm_id) {
+  if (desc == NULL || comm_id == NULL)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep_comm_create: desc and comm_id must not be NULL");
+  if (desc->struct_size < sizeof(sl_ep_comm_desc))
+    return sl_set_error(
+        SL_STATUS_INVALID_ARGUMENT,
+        "ep_comm_create: desc->struct_size is %zu, expected %zu (set it with sizeof)",
+        desc->struct_size, sizeof(sl_ep_comm_desc));
+  if (desc->num_groups < 1 || desc->num_ranks < 1 ||
+      (int64_t)desc->num_groups * desc->num_ranks > 65536)
+    return sl_set_error(
+        SL_STATUS_INVALID_ARGUMENT,
+        "ep_comm_create: num_groups=%d and num_ranks=%d must be >= 1 (at most 65536 "
+        "ranks in all)",
+        desc->num_groups, desc->num_ranks);
+  if (!(desc->timeout_s > 0.0))
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "ep_comm_create: timeout_s must be > 0, got %g",
+                        desc->timeout_s);
+  if (desc->num_sms < 0 || desc->num_sms > 64)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep_comm_create: num_sms must be in [0, 64], got %d", desc->num_sms);
+  sl_ep_comm *c = calloc(1, sizeof *c);
+  if (!c) return sl_set_error(SL_STATUS_OUT_OF_MEMORY, "ep_comm_create: out of memory");
+  c->num_groups = desc->num_groups;
+  c->num_ranks = desc->num_ranks;
+  c->num_sms = desc->num_sms ? desc->num_sms : 20;
+  c->timeout_s = desc->timeout_s;
+  c->groups = calloc((size_t)desc->num_groups, sizeof *c->groups);
+  if (!c->groups) {
+    free(c);
+    return sl_set_error(SL_STATUS_OUT_OF_MEMORY, "ep_comm_create: out of memory");
+  }
+  for (int i = 0; i < c->num_groups; ++i) {
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&c->groups[i].mu, NULL);
+    pthread_cond_init(&c->groups[i].cv, &ca);
+    pthread_condattr_destroy(&ca);
+  }
+  if (desc->use_cuda) {
+    sl_status st = ep_cuda_attach(c, desc);
+    if (st != SL_STATUS_SUCCESS) {
+      free_comm(c);
+      return st;
+    }
+  }
+  pthread_mutex_lock(&registry_mu);
+  int slot = -1;
+  for (int i = 0; i < EP_MAX_COMMS; ++i)
+    if (registry[i] == NULL) {
+      slot = i;
+      break;
+    }
+  if (slot < 0) {
+    pthread_mutex_unlock(&registry_mu);
+    free_comm(c);
+    return sl_set_error(SL_STATUS_OUT_OF_MEMORY,
+                        "ep_comm_create: %d communicators exist already; destroy some first",
+                        EP_MAX_COMMS);
+  }
+  c->id = next_id++;
+  registry[slot] = c;
+  pthread_mutex_unlock(&registry_mu);
+  *comm_id = c->id;
+  return SL_STATUS_SUCCESS;
+}
+
+sl_status sl_ep_comm_destroy(int64_t comm_id) {
+  pthread_mutex_lock(&registry_mu);
+  sl_ep_comm *c = NULL;
+  for (int i = 0; i < EP_MAX_COMMS; ++i)
+    if (registry[i] && registry[i]->id == comm_id) {
+      c = registry[i];
+      registry[i] = NULL;
+      break;
+    }
+  pthread_mutex_unlock(&registry_mu);
+  if (!c)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "ep_comm_destroy: no communicator %lld",
+                        (long long)comm_id);
+  free_comm(c);
+  return SL_STATUS_SUCCESS;
+}
+
+sl_ep_comm *ep_comm_get(int64_t id, const char *op) {
+  sl_ep_comm *c = NULL;
+  pthread_mutex_lock(&registry_mu);
+  for (int i = 0; i < EP_MAX_COMMS; ++i)
+    if (registry[i] && registry[i]->id == id) c = registry[i];
+  pthread_mutex_unlock(&registry_mu);
+  if (!c)
+    sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                 "ep %s: no communicator %lld (call sluice.ep.setup first; was it torn down?)", op,
+                 (long long)id);
+  return c;
+}
+
+/* ---- the rendezvous ----------------------------------------------------------------------- */
+static struct timespec deadline_after(double s) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  time_t whole = (time_t)s;
+  long ns = (long)((s - (double)whole) * 1e9);
+  t.tv_sec += whole;
+  t.tv_nsec += ns;
+  if (t.tv_nsec >= 1000000000L) {
+    t.tv_sec += 1;
+    t.tv_nsec -= 1000000000L;
+  }
+  return t;
+}
+
+/* The call count of (tag, rank) before this call, incremented. -1 when out of memory. */
+static int64_t next_call(ep_group *g, int R, int rank, int64_t tag) {
+  int i = 0;
+  while (i < g->ntags && g->tags[i] != tag) ++i;
+  if (i == g->ntags) {
+    if (g->ntags == g->cap) {
+      int cap = g->cap ? 2 * g->cap : 16;
+      int64_t *tags = realloc(g->tags, (size_t)cap * sizeof *tags);
+      if (!tags) return -1;
+      g->tags = tags;
+      int64_t *calls = realloc(g->calls, (size_t)cap * R * sizeof *calls);
+      if (!calls) return -1;
+      g->calls = calls;
+      g->cap = cap;
+    }
+    g->tags[i] = tag;
+    memset(g->calls + (size_t)i * R, 0, (size_t)R * sizeof *g->calls);
+    g->ntags++;
+  }
+  return g->calls[(size_t)i * R + rank]++;
+}
+
+static ep_exchange *find_or_make(ep_group *g, int R, int64_t tag, int64_t n) {
+  for (ep_exchange *e = g->list; e; e = e->next)
+    if (e->tag == tag && e->n == n) return e;
+  ep_exchange *e = calloc(1, sizeof *e);
+  if (!e) return NULL;
+  e->has_arrived = calloc((size_t)R, 1);
+  e->has_finished = calloc((size_t)R, 1);
+  e->posts = calloc((size_t)R, sizeof *e->posts);
+  if (!e->has_arrived || !e->has_finished || !e->posts) {
+    free(e->has_arrived);
+    free(e->has_finished);
+    free(e->posts);
+    free(e);
+    return NULL;
+  }
+  e->tag = tag;
+  e->n = n;
+  e->next = g->list;
+  g->list = e;
+  return e;
+}
+
+static void unlink_exchange(ep_group *g, ep_exchange *x) {
+  for (ep_exchange **p = &g->list; *p; p = &(*p)->next)
+    if (*p == x) {
+      *p = x->next;
+      break;
+    }
+  free(x->has_arrived);
+  free(x->has_finished);
+  free(x->posts);
+  free(x);
+}
+
+/* "1, 3 and 4" (at most a few, then "..."): the ranks whose flag is 0. */
+static void missing_ranks(const unsigned char *flags, int R, char *buf, size_t len) {
+  size_t used = 0;
+  int shown = 0, total = 0;
+  for (int r = 0; r < R; ++r) total += !flags[r];
+  buf[0] = '\0';
+  for (int r = 0; r < R && used + 16 < len; ++r) {
+    if (flags[r]) continue;
+    if (shown == 8) {
+      snprintf(buf + used, len - used, " and %d more", total - shown);
+      return;
+    }
+    used += (size_t)snprintf(buf + used, len - used, "%s%d", shown ? ", " : "", r);
+    ++shown;
+  }
+}
+
+static int is_broken(const sl_ep_comm *c) { return __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE); }
+
+/* The first failure writes the message; groups other than the failing one see the flag at their
+ * next call or wake-up (it is monotone, so reading it without their lock is fine). */
+static void mark_broken(sl_ep_comm *c) {
+  if (__atomic_exchange_n(&c->broken_claim, 1, __ATOMIC_ACQ_REL) == 0) {
+    snprintf(c->broken_msg, sizeof c->broken_msg, "%s", sl_last_error());
+    __atomic_store_n(&c->broken, 1, __ATOMIC_RELEASE);
+  }
+}
+
+static sl_status broken_error(const sl_ep_comm *c, const char *op) {
+  return sl_set_error(
+      SL_STATUS_TIMEOUT,
+      "ep %s: communicator %lld is broken by an earlier failure (%s); create a new one "
+      "(sluice.ep.setup)",
+      op, (long long)c->id, c->broken_msg);
+}
+
+/* Waits on g->cv until *count reaches R, the deadline passes or the communicator breaks.
+ * Returns 0 when reached, ETIMEDOUT, or -1 when broken. Called with g->mu held. */
+static int wait_for(sl_ep_comm *c, ep_group *g, const int *count, int R,
+                    const struct timespec *dl) {
+  while (*count < R) {
+    if (is_broken(c)) return -1;
+    int rc = pthread_cond_timedwait(&g->cv, &g->mu, dl);
+    if (rc == ETIMEDOUT && *count < R) return is_broken(c) ? -1 : ETIMEDOUT;
+  }
+  return 0;
+}
+
+static sl_status timed_out(sl_ep_comm *c, ep_group *g, int group, int rank, const ep_exchange *x,
+                           const unsigned char *flags, const char *op, const char *what) {
+  char who[128];
+  missing_ranks(flags, c->num_ranks, who, sizeof who);
+  sl_status st = sl_set_error(
+      SL_STATUS_TIMEOUT,
+      "ep %s: rank %d of group %d waited %.3g s at exchange (tag %lld, call #%lld) for rank(s) %s "
+      "to %s; communicator %lld is now broken",
+      op, rank, group, c->timeout_s, (long long)x->tag, (long long)x->n, who, what,
+      (long long)c->id);
+  mark_broken(c);
+  pthread_cond_broadcast(&g->cv);
+  return st;
+}
+
+sl_status ep_meet(sl_ep_comm *c, int group, int rank, int64_t tag, const ep_post *mine,
+                  const char *op, ep_exchange **out) {
+  if (group < 0 || group >= c->num_groups || rank < 0 || rank >= c->num_ranks)
+    return sl_set_error(
+        SL_STATUS_INVALID_ARGUMENT,
+        "ep %s: (group %d, rank %d) is outside communicator %lld's %d groups of %d ranks", op,
+        group, rank, (long long)c->id, c->num_groups, c->num_ranks);
+  ep_group *g = &c->groups[group];
+  const int R = c->num_ranks;
+  pthread_mutex_lock(&g->mu);
+  if (is_broken(c)) {
+    pthread_mutex_unlock(&g->mu);
+    return broken_error(c, op);
+  }
+  int64_t n = next_call(g, R, rank, tag);
+  ep_exchange *x = n < 0 ? NULL : find_or_make(g, R, tag, n);
+  if (!x) {
+    pthread_mutex_unlock(&g->mu);
+    return sl_set_error(SL_STATUS_OUT_OF_MEMORY, "ep %s: out of memory", op);
+  }
+  x->posts[rank] = *mine;
+  x->has_arrived[rank] = 1;
+  x->arrived++;
+  pthread_cond_broadcast(&g->cv);
+  const struct timespec dl = deadline_after(c->timeout_s);
+  int rc = wait_for(c, g, &x->arrived, R, &dl);
+  sl_status st = SL_STATUS_SUCCESS;
+  if (rc == ETIMEDOUT)
+    st = timed_out(c, g, group, rank, x, x->has_arrived, op, "arrive");
+  else if (rc < 0)
+    st = broken_error(c, op);
+  pthread_mutex_unlock(&g->mu);
+  *out = st == SL_STATUS_SUCCESS ? x : NULL;
+  return st;
+}
+
+const ep_post *ep_post_of(const ep_exchange *ex, int rank) { return &ex->posts[rank]; }
+
+sl_status ep_leave(sl_ep_comm *c, int group, int rank, ep_exchange *x, const char *op) {
+  ep_group *g = &c->groups[group];
+  const int R = c->num_ranks;
+  pthread_mutex_lock(&g->mu);
+  x->has_finished[rank] = 1;
+  x->finished++;
+  pthread_cond_broadcast(&g->cv);
+  const struct timespec dl = deadline_after(c->timeout_s);
+  int rc = wait_for(c, g, &x->finished, R, &dl);
+  sl_status st = SL_STATUS_SUCCESS;
+  if (rc == ETIMEDOUT)
+    st = timed_out(c, g, group, rank, x, x->has_finished, op, "finish reading");
+  else if (rc < 0)
+    st = broken_error(c, op);
+  /* Freed by the last rank out; after a failure it stays until the communicator is destroyed. */
+  if (st == SL_STATUS_SUCCESS && ++x->left == R) unlink_exchange(g, x);
+  pthread_mutex_unlock(&g->mu);
+  return st;
+}
+
+/* ---- CUDA stand-ins: a CUDA build's csrc/cuda/ep_*.cu defines the real (strong) symbols ----- */
+#define EP_WEAK __attribute__((weak))
+
+EP_WEAK sl_status ep_cuda_attach(sl_ep_comm *c, const sl_ep_comm_desc *desc) {
+  (void)c, (void)desc;
+  return sl_set_error(SL_STATUS_UNSUPPORTED, "ep_comm_create: libsluice was built without CUDA");
+}
+EP_WEAK void ep_cuda_detach(sl_ep_comm *c) { (void)c; }
+
+static sl_status ep_not_built(const char *op) {
+  return sl_set_error(SL_STATUS_UNSUPPORTED, "ep %s: libsluice was built without CUDA", op);
+}
+
+EP_WEAK sl_status sl_ep_dispatch_cuda(int64_t comm_id, const sl_ep_desc *desc, const void *x,
+                                      const int32_t *topk_idx, const float *topk_w, void *recv_x,
+                                      int32_t *recv_idx, float *recv_w, int32_t *num_recv,
+                                      int32_t *counts, int32_t *send_row, int32_t *recv_src,
+                                      void *stream) {
+  return ep_not_built("dispatch");
+}
+EP_WEAK sl_status sl_ep_layout_cuda(const sl_ep_desc *desc, const int32_t *topk_idx,
+                                    int32_t *send_pos, int32_t *send_counts, int32_t *expert_counts,
+                                    void *stream) {
+  return ep_not_built("layout");
+}
+EP_WEAK sl_status sl_ep_combine_cuda(int64_t comm_id, const sl_ep_desc *desc, const void *y,
+                                     const float *y_w, const int32_t *send_row, void *out,
+                                     float *out_w, void *stream) {
+  return ep_not_built("combine");
+}
+EP_WEAK sl_status sl_ep_redispatch_cuda(int64_t comm_id, const sl_ep_desc *desc, const void *g,
+                                        const int32_t *recv_src, void *out, void *stream) {
+  return ep_not_built("redispatch");
+}
+EP_WEAK sl_status sl_ep_fan_out_cuda(const sl_ep_fan_desc *desc, const void *recv_x,
+                                     const int32_t *recv_idx, void *xs, int32_t *group_sizes,
+                                     int32_t *pos, void *workspace, void *stream) {
+  return ep_not_built("fan_out");
+}
+EP_WEAK sl_status sl_ep_fan_in_cuda(const sl_ep_fan_desc *desc, const void *ys, const float *w,
+                                    const int32_t *pos, void *out, void *stream) {
+  return ep_not_built("fan_in");
+}
+EP_WEAK sl_status sl_ep_fan_in_bwd_cuda(const sl_ep_fan_desc *desc, const void *dout,
+                                        const void *ys, const float *w, const int32_t *pos,
+                                        const int32_t *group_sizes, void *dys, float *dw,
+                                        void *stream) {
+  return ep_not_built("fan_in_bwd");
+}

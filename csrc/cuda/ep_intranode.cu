@@ -1,0 +1,995 @@
+/*
+ * Expert-parallel dispatch / combine / redispatch between the GPUs of one process over NVLink.
+ *
+ * Each rank owns one registered buffer (cudaMalloc at setup; every peer maps it through peer
+ * access): mail[s]  what source s wrote to me for the current call: its row counts to every rank,
+ * the addresses of its outputs (dispatch, redispatch: where I push rows) or inputs (combine: where
+ * I pull rows from), then a release flag `seq`; hist[s]  source s's (row, slot) counts for each of
+ * my local experts (dispatch only); done     a monotonic counter every block of every rank bumps
+ * once per call (system atomics). The data moves straight between XLA's buffers: dispatch and
+ * redispatch push rows into the peers' output buffers, combine pulls rows from the peers' y. No
+ * staging copy.
+ *
+ * One call on rank r, after a layout kernel (dispatch only; one block: send positions and counts):
+ *   1. publish: block 0 writes mail/hist into every peer, fence, then the flag (st.release.sys);
+ *   2. meet: every block waits (acquire) until all peers' flags show this call's seq;
+ *   3. move: warp per token, 16-byte vectors; f32 sums in fixed rank order for combine;
+ *   4. leave: each block bumps every peer's `done`; block 0 waits until its own reaches
+ *      seq * R * blocks, i.e. every block of every peer has finished touching our buffers.
+ * A peer's next call can only overwrite our mail after step 4 of this call, which needs all our
+ * blocks past step 2: the mailbox needs no double buffering.
+ *
+ * Waits spin on globaltimer and stop after the communicator's timeout: the first block to give up
+ * records (rank, whom it waited for, phase) in host-mapped memory; the host reports it at the next
+ * call (or at once with SLUICE_DEBUG=1) and the communicator is broken from then on.
+ *
+ * Bounded work: `num_sms` blocks of 512 threads (default 20). Requires R <= 8, k <= 32, E <= 8192,
+ * E/R <= 4096.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/ep_internal.h"
+
+namespace {
+
+constexpr int kMaxRanks = 8;
+constexpr int kMaxLocal = 4096;
+constexpr int kMaxExperts = 8192;
+constexpr int kMaxTopk = 32;
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+
+struct __align__(128) Mail {
+  unsigned long long ptr[4];
+  int counts[kMaxRanks];
+  unsigned long long seq; /* written last, with release */
+};
+
+struct EpBuf {
+  Mail mail[kMaxRanks];
+  __align__(128) unsigned long long done;
+  __align__(128) int hist[kMaxRanks][kMaxLocal];
+};
+
+struct EpErr {                 /* host-mapped; written by the device once, read by the host */
+  int code;                    /* 0 fine, 1 timed out */
+  int rank, waited_for, phase; /* phase 1: arrive, 2: finish */
+  unsigned long long seq;
+  int bad_ids; /* slots treated as -1 (out of range or repeated): reported with SLUICE_DEBUG=1 */
+};
+
+struct Rank {
+  int ordinal, group, rank;
+  EpBuf *buf; /* this rank's registered buffer */
+  EpErr *err_host, *err_dev;
+  int *send_counts; /* [R] this rank's rows to each rank (layout scratch) */
+  int *expert_hist; /* [E max] this rank's slots per global expert (layout scratch) */
+  unsigned long long seq;
+};
+
+struct State {
+  int G, R, blocks;
+  long long timeout_ns;
+  Rank *ranks; /* [G*R] */
+};
+
+/* ---- device helpers ----------------------------------------------------------------------------
+ */
+__device__ __forceinline__ unsigned long long now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned long long ld_acquire(const unsigned long long *p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release(unsigned long long *p, unsigned long long v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ int4 ld_nc(const int4 *p) {
+  int4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+struct Ctl { /* what every kernel needs to meet and leave */
+  EpBuf *bufs[kMaxRanks];
+  EpErr *err;
+  int rank, R, blocks;
+  unsigned long long seq;
+  long long timeout_ns;
+};
+
+__device__ void record_timeout(const Ctl &c, int waited_for, int phase) {
+  if (atomicCAS(&c.err->code, 0, 1) == 0) {
+    c.err->rank = c.rank;
+    c.err->waited_for = waited_for;
+    c.err->phase = phase;
+    c.err->seq = c.seq;
+    __threadfence_system();
+  }
+}
+
+/* Step 2: every block waits for all peers' mail of this call. Returns false on timeout. */
+__device__ bool meet(const Ctl &c) {
+  __shared__ int ok;
+  if (threadIdx.x == 0) ok = 1;
+  __syncthreads();
+  if (threadIdx.x < c.R) {
+    const unsigned long long *flag = &c.bufs[c.rank]->mail[threadIdx.x].seq;
+    const unsigned long long t0 = now_ns();
+    while (ld_acquire(flag) < c.seq) {
+      if ((long long)(now_ns() - t0) > c.timeout_ns) {
+        record_timeout(c, threadIdx.x, 1);
+        ok = 0;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  return ok;
+}
+
+/* Step 1 (block 0): the flag after the mail contents. Threads wrote the contents before calling. */
+__device__ void publish(const Ctl &c) {
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x < c.R) st_release(&c.bufs[threadIdx.x]->mail[c.rank].seq, c.seq);
+}
+
+/* Step 4. Every thread fenced its stores; then one bump per peer per block; block 0 waits. */
+__device__ void leave(const Ctl &c, bool ok) {
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x < c.R) atomicAdd_system(&c.bufs[threadIdx.x]->done, 1ull);
+  if (blockIdx.x == 0 && threadIdx.x == 0 && ok) {
+    const unsigned long long target = c.seq * (unsigned long long)c.R * c.blocks;
+    const unsigned long long t0 = now_ns();
+    while (ld_acquire(&c.bufs[c.rank]->done) < target) {
+      if ((long long)(now_ns() - t0) > c.timeout_ns) {
+        record_timeout(c, -1, 2);
+        break;
+      }
+    }
+    __threadfence_system();
+  }
+}
+
+/* Sanitised expert of one slot: out of range or repeated earlier in the row -> -1. Lanes < k hold
+ * slots; every lane of the warp must call it. */
+__device__ __forceinline__ int clean_expert(int e, int lane, int k, int E, int *bad) {
+  if (lane >= k) e = -1;
+  int valid = e >= -1 && e < E;
+  if (!valid) e = -1;
+  for (int j = 0; j < k; ++j) {
+    const int ej = __shfl_sync(0xffffffffu, e, j);
+    if (j < lane && e >= 0 && ej == e) {
+      e = -1;
+      valid = 0;
+    }
+  }
+  if (bad && !valid && lane < k) atomicAdd(bad, 1);
+  return e;
+}
+
+/* ---- row copies: 16-byte vectors when rows allow, else 4 or 2 bytes ---------------------------
+ */
+template <typename V>
+__device__ __forceinline__ void copy_row(char *dst, const char *src, int64_t bytes, int lane) {
+  const int64_t n = bytes / (int64_t)sizeof(V);
+  V *d = (V *)dst;
+  const V *s = (const V *)src;
+  int64_t i = lane;
+  for (; i + 96 < n; i += 128) { /* four loads in flight before the stores */
+    V a = s[i], b = s[i + 32], cc = s[i + 64], e = s[i + 96];
+    d[i] = a, d[i + 32] = b, d[i + 64] = cc, d[i + 96] = e;
+  }
+  for (; i < n; i += 32) d[i] = s[i];
+}
+template <>
+__device__ __forceinline__ void copy_row<int4>(char *dst, const char *src, int64_t bytes,
+                                               int lane) {
+  const int64_t n = bytes / 16;
+  int4 *d = (int4 *)dst;
+  const int4 *s = (const int4 *)src;
+  int64_t i = lane;
+  for (; i + 96 < n; i += 128) {
+    int4 a = ld_nc(s + i), b = ld_nc(s + i + 32), cc = ld_nc(s + i + 64), e = ld_nc(s + i + 96);
+    d[i] = a, d[i + 32] = b, d[i + 64] = cc, d[i + 96] = e;
+  }
+  for (; i < n; i += 32) d[i] = ld_nc(s + i);
+}
+
+__device__ __forceinline__ void any_copy_row(char *dst, const char *src, int64_t bytes, int vec,
+                                             int lane) {
+  if (vec == 16)
+    copy_row<int4>(dst, src, bytes, lane);
+  else if (vec == 4)
+    copy_row<int>(dst, src, bytes, lane);
+  else
+    copy_row<short>(dst, src, bytes, lane);
+}
+
+__device__ __forceinline__ void zero_row(char *dst, int64_t bytes, int vec, int lane) {
+  if (vec == 16) {
+    for (int64_t i = lane; i < bytes / 16; i += 32) ((int4 *)dst)[i] = make_int4(0, 0, 0, 0);
+  } else if (vec == 4) {
+    for (int64_t i = lane; i < bytes / 4; i += 32) ((int *)dst)[i] = 0;
+  } else {
+    for (int64_t i = lane; i < bytes / 2; i += 32) ((short *)dst)[i] = 0;
+  }
+}
+
+/* ---- layout: one block, tokens in order -------------------------------------------------------
+ */
+struct LayoutArgs {
+  const int *idx;
+  int *send_row;    /* [T, R]: position within the destination's block, -1 */
+  int *send_counts; /* [R] */
+  int *expert_hist; /* [E] */
+  int *bad;
+  int T, k, E, L, R;
+};
+
+__global__ void __launch_bounds__(1024) layout_kernel(LayoutArgs a) {
+  __shared__ int hist[kMaxExperts];
+  __shared__ int warp_tot[32][kMaxRanks];
+  __shared__ int carry[kMaxRanks];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int e = tid; e < a.E; e += blockDim.x) hist[e] = 0;
+  if (tid < kMaxRanks) carry[tid] = 0;
+  __syncthreads();
+  /* Chunks of blockDim tokens, a thread per token; positions by a block-wide scan per rank. */
+  for (int base = 0; base < a.T; base += blockDim.x) {
+    const int t = base + tid;
+    unsigned mask = 0;
+    if (t < a.T && a.k <= 8) {
+      /* the usual case: the token's ids in registers, their loads all in flight at once */
+      int ids[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) ids[j] = j < a.k ? __ldg(a.idx + (int64_t)t * a.k + j) : -1;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int e = ids[j];
+        bool ok = e >= 0 && e < a.E;
+#pragma unroll
+        for (int i = 0; i < j; ++i) ok = ok && ids[i] != e;
+        if (!ok) {
+          if (e != -1) atomicAdd(a.bad, 1);
+          continue;
+        }
+        atomicAdd(&hist[e], 1);
+        mask |= 1u << (e / a.L);
+      }
+    } else if (t < a.T) {
+      for (int j = 0; j < a.k; ++j) {
+        int e = a.idx[(int64_t)t * a.k + j];
+        bool ok = e >= 0 && e < a.E;
+        for (int i = 0; i < j && ok; ++i) ok = a.idx[(int64_t)t * a.k + i] != e;
+        if (!ok) {
+          if (e != -1) atomicAdd(a.bad, 1);
+          continue;
+        }
+        atomicAdd(&hist[e], 1);
+        mask |= 1u << (e / a.L);
+      }
+    }
+    int incl[kMaxRanks];
+    for (int d = 0; d < a.R; ++d) {
+      int v = (mask >> d) & 1;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+      }
+      incl[d] = v;
+      if (lane == 31) warp_tot[warp][d] = v;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      const int nw = blockDim.x / 32;
+      for (int d = 0; d < a.R; ++d) {
+        int v = lane < nw ? warp_tot[lane][d] : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+          const int u = __shfl_up_sync(0xffffffffu, v, o);
+          if (lane >= o) v += u;
+        }
+        if (lane < nw) warp_tot[lane][d] = v; /* inclusive over warps */
+      }
+    }
+    __syncthreads();
+    if (t < a.T)
+      for (int d = 0; d < a.R; ++d) {
+        const int before =
+            carry[d] + (warp ? warp_tot[warp - 1][d] : 0) + incl[d] - ((mask >> d) & 1);
+        a.send_row[(int64_t)t * a.R + d] = ((mask >> d) & 1) ? before : -1;
+      }
+    __syncthreads();
+    if (tid < a.R) carry[tid] += warp_tot[blockDim.x / 32 - 1][tid];
+    __syncthreads();
+  }
+  if (tid < a.R) a.send_counts[tid] = carry[tid];
+  for (int e = tid; e < a.E; e += blockDim.x) a.expert_hist[e] = hist[e];
+}
+
+/* ---- dispatch -------------------------------------------------------------------------------- */
+struct DispatchArgs {
+  Ctl c;
+  const char *x;
+  const int *idx;
+  const float *w;
+  int *send_row; /* in: positions (layout); out: rows in each destination */
+  const int *send_counts, *expert_hist;
+  char *recv_x; /* this rank's outputs: published for the peers to push into */
+  int *recv_idx, *recv_src, *num_recv, *counts;
+  float *recv_w;
+  int *bad;
+  int T, k, E, L, vec;
+  int64_t row_bytes;
+};
+
+__global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchArgs a) {
+  const Ctl &c = a.c;
+  const int R = c.R, me = c.rank, lane = threadIdx.x & 31;
+  const int64_t N = (int64_t)a.T * R;
+  /* 1. publish: my counts to every rank, my output addresses, my slots per expert of each rank */
+  if (blockIdx.x == 0) {
+    for (int i = threadIdx.x; i < R * R; i += blockDim.x) {
+      const int d = i / R, r = i % R;
+      c.bufs[d]->mail[me].counts[r] = a.send_counts[r];
+    }
+    for (int i = threadIdx.x; i < R * a.L; i += blockDim.x) {
+      const int d = i / a.L, e = i % a.L;
+      c.bufs[d]->hist[me][e] = a.expert_hist[d * a.L + e];
+    }
+    if (threadIdx.x < R) {
+      Mail &m = c.bufs[threadIdx.x]->mail[me];
+      m.ptr[0] = (unsigned long long)a.recv_x;
+      m.ptr[1] = (unsigned long long)a.recv_idx;
+      m.ptr[2] = (unsigned long long)a.recv_w;
+      m.ptr[3] = (unsigned long long)a.recv_src;
+    }
+    publish(c);
+  }
+  /* 2. meet */
+  const bool ok = meet(c);
+  __shared__ int off[kMaxRanks], mine_total;
+  __shared__ unsigned long long dst[kMaxRanks][4];
+  if (ok) {
+    if (threadIdx.x < R) {
+      const int d = threadIdx.x;
+      /* volatile: past the acquire in meet(), read the peers' writes from memory, not L1 */
+      const volatile Mail *mail = c.bufs[me]->mail;
+      int o = 0;
+      for (int s = 0; s < me; ++s) o += mail[s].counts[d];
+      off[d] = o;
+      for (int p = 0; p < 4; ++p) dst[d][p] = mail[d].ptr[p]; /* d's outputs */
+    }
+    if (threadIdx.x == 0) {
+      const volatile Mail *mail = c.bufs[me]->mail;
+      int tot = 0;
+      for (int s = 0; s < R; ++s) tot += mail[s].counts[me];
+      mine_total = tot;
+    }
+  }
+  __syncthreads();
+  if (ok) {
+    /* 3. move: warp per token */
+    const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), nw = gridDim.x * kWarps;
+    for (int t = gw; t < a.T; t += nw) {
+      int e = lane < a.k ? a.idx[(int64_t)t * a.k + lane] : -1;
+      const float wt = lane < a.k ? a.w[(int64_t)t * a.k + lane] : 0.0f;
+      e = clean_expert(e, lane, a.k, a.E, nullptr); /* the layout kernel counted the bad ones */
+      const int dest = e >= 0 ? e / a.L : -1;
+      unsigned mask = __reduce_or_sync(0xffffffffu, dest >= 0 ? 1u << dest : 0u);
+      const int pos = lane < R ? a.send_row[(int64_t)t * R + lane] : -1;
+      if (a.vec == 16) {
+        /* the row is read once and stored to every destination */
+        constexpr int U = 8;
+        const int4 *src = (const int4 *)(a.x + (int64_t)t * a.row_bytes);
+        const int64_t nv = a.row_bytes / 16;
+        for (int64_t base = 0; base < nv; base += 32 * U) {
+          int4 v[U];
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            const int64_t i = base + u * 32 + lane;
+            if (i < nv) v[u] = ld_nc(src + i);
+          }
+          for (unsigned m = mask; m; m &= m - 1) {
+            const int d = __ffs(m) - 1;
+            const int64_t row = off[d] + __shfl_sync(0xffffffffu, pos, d);
+            int4 *o = (int4 *)((char *)dst[d][0] + row * a.row_bytes);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+              const int64_t i = base + u * 32 + lane;
+              if (i < nv) o[i] = v[u];
+            }
+          }
+        }
+      }
+      for (unsigned m = mask; m; m &= m - 1) {
+        const int d = __ffs(m) - 1;
+        const int64_t row = off[d] + __shfl_sync(0xffffffffu, pos, d);
+        char *rx = (char *)dst[d][0];
+        if (a.vec != 16)
+          any_copy_row(rx + row * a.row_bytes, a.x + (int64_t)t * a.row_bytes, a.row_bytes, a.vec,
+                       lane);
+        if (lane < a.k) {
+          ((int *)dst[d][1])[row * a.k + lane] = dest == d ? e - d * a.L : -1;
+          ((float *)dst[d][2])[row * a.k + lane] = dest == d ? wt : 0.0f;
+        }
+        if (lane == 0) ((int *)dst[d][3])[row] = me * a.T + t;
+      }
+      if (lane < R) a.send_row[(int64_t)t * R + lane] = pos >= 0 ? off[lane] + pos : -1;
+    }
+    /* my own rows past the valid ones: zero, -1, 0 */
+    for (int64_t r = mine_total + gw; r < N; r += nw) {
+      zero_row(a.recv_x + r * a.row_bytes, a.row_bytes, a.vec, lane);
+      if (lane < a.k) {
+        a.recv_idx[r * a.k + lane] = -1;
+        a.recv_w[r * a.k + lane] = 0.0f;
+      }
+      if (lane == 0) a.recv_src[r] = -1;
+    }
+    if (blockIdx.x == 0) {
+      for (int e = threadIdx.x; e < a.L; e += blockDim.x) {
+        int s = 0;
+        for (int r = 0; r < R; ++r) s += ((volatile int *)c.bufs[me]->hist[r])[e];
+        a.counts[e] = s;
+      }
+      if (threadIdx.x == 0) *a.num_recv = mine_total;
+    }
+  }
+  /* 4. leave */
+  leave(c, ok);
+}
+
+/* ---- combine: pull rows from the peers' y, sum in rank order -------------------------------- */
+template <typename T>
+struct Elems;
+template <>
+struct Elems<float> {
+  static constexpr int n = 4;
+  __device__ static void add(float *acc, int4 v) {
+    acc[0] += __int_as_float(v.x), acc[1] += __int_as_float(v.y);
+    acc[2] += __int_as_float(v.z), acc[3] += __int_as_float(v.w);
+  }
+  __device__ static int4 pack(const float *acc) {
+    return make_int4(__float_as_int(acc[0]), __float_as_int(acc[1]), __float_as_int(acc[2]),
+                     __float_as_int(acc[3]));
+  }
+  __device__ static float get(const void *p, int64_t i) { return ((const float *)p)[i]; }
+  __device__ static void put(void *p, int64_t i, float v) { ((float *)p)[i] = v; }
+};
+template <>
+struct Elems<__nv_bfloat16> {
+  static constexpr int n = 8;
+  __device__ static void add(float *acc, int4 v) {
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(h[i]);
+      acc[2 * i] += f.x, acc[2 * i + 1] += f.y;
+    }
+  }
+  __device__ static int4 pack(const float *acc) {
+    int4 v;
+    __nv_bfloat162 *h = (__nv_bfloat162 *)&v;
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+    return v;
+  }
+  __device__ static float get(const void *p, int64_t i) {
+    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+  }
+  __device__ static void put(void *p, int64_t i, float v) {
+    ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+  }
+};
+template <>
+struct Elems<__half> {
+  static constexpr int n = 8;
+  __device__ static void add(float *acc, int4 v) {
+    const __half2 *h = (const __half2 *)&v;
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(h[i]);
+      acc[2 * i] += f.x, acc[2 * i + 1] += f.y;
+    }
+  }
+  __device__ static int4 pack(const float *acc) {
+    int4 v;
+    __half2 *h = (__half2 *)&v;
+    for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(acc[2 * i], acc[2 * i + 1]);
+    return v;
+  }
+  __device__ static float get(const void *p, int64_t i) {
+    return __half2float(((const __half *)p)[i]);
+  }
+  __device__ static void put(void *p, int64_t i, float v) { ((__half *)p)[i] = __float2half_rn(v); }
+};
+
+struct CombineArgs {
+  Ctl c;
+  const char *y;
+  const float *y_w;
+  const int *send_row;
+  char *out;
+  float *out_w;
+  int T, k, H, vec16; /* vec16: rows are whole 16-byte vectors */
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) combine_kernel(CombineArgs a) {
+  const Ctl &c = a.c;
+  const int R = c.R, me = c.rank, lane = threadIdx.x & 31;
+  if (blockIdx.x == 0) {
+    if (threadIdx.x < R) {
+      Mail &m = c.bufs[threadIdx.x]->mail[me];
+      m.ptr[0] = (unsigned long long)a.y;
+      m.ptr[1] = (unsigned long long)a.y_w;
+    }
+    publish(c);
+  }
+  const bool ok = meet(c);
+  __shared__ const char *src[kMaxRanks];
+  __shared__ const float *src_w[kMaxRanks];
+  if (ok && threadIdx.x < R) {
+    const volatile Mail *mail = c.bufs[me]->mail;
+    src[threadIdx.x] = (const char *)mail[threadIdx.x].ptr[0];
+    src_w[threadIdx.x] = (const float *)mail[threadIdx.x].ptr[1];
+  }
+  __syncthreads();
+  if (ok) {
+    using E = Elems<T>;
+    constexpr int U = 4; /* 16-byte loads in flight per lane per peer */
+    const int64_t row_bytes = (int64_t)a.H * sizeof(T), nv = row_bytes / 16;
+    const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), nw = gridDim.x * kWarps;
+    for (int t = gw; t < a.T; t += nw) {
+      const int myrow = lane < R ? a.send_row[(int64_t)t * R + lane] : -1;
+      int4 *o = (int4 *)(a.out + (int64_t)t * row_bytes);
+      if (a.vec16) {
+        for (int64_t base = 0; base < nv; base += 32 * U) {
+          float acc[U][E::n];
+          for (int u = 0; u < U; ++u)
+            for (int i = 0; i < E::n; ++i) acc[u][i] = 0.0f;
+          /* peers two at a time: both peers' loads are in flight before the (ordered) sums */
+          for (int d = 0; d < R; d += 2) {
+            const int r0 = __shfl_sync(0xffffffffu, myrow, d);
+            const int r1 = __shfl_sync(0xffffffffu, myrow, d + 1 < R ? d + 1 : d);
+            const bool has1 = d + 1 < R && r1 >= 0;
+            const int4 *s0 = (const int4 *)(src[d] + (int64_t)r0 * row_bytes);
+            const int4 *s1 = has1 ? (const int4 *)(src[d + 1] + (int64_t)r1 * row_bytes) : s0;
+            int4 v0[U], v1[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+              const int64_t i = base + u * 32 + lane;
+              v0[u] = (r0 >= 0 && i < nv) ? ld_nc(s0 + i) : make_int4(0, 0, 0, 0);
+              v1[u] = (has1 && i < nv) ? ld_nc(s1 + i) : make_int4(0, 0, 0, 0);
+            }
+            if (r0 >= 0)
+#pragma unroll
+              for (int u = 0; u < U; ++u) E::add(acc[u], v0[u]);
+            if (has1)
+#pragma unroll
+              for (int u = 0; u < U; ++u) E::add(acc[u], v1[u]);
+          }
+          for (int u = 0; u < U; ++u) {
+            const int64_t i = base + u * 32 + lane;
+            if (i < nv) o[i] = E::pack(acc[u]);
+          }
+        }
+      } else {
+        int rows[kMaxRanks];
+        for (int d = 0; d < kMaxRanks; ++d)
+          rows[d] = __shfl_sync(0xffffffffu, myrow, d < R ? d : 0);
+        for (int64_t h = lane; h < a.H; h += 32) {
+          float acc = 0.0f;
+          for (int d = 0; d < R; ++d)
+            if (rows[d] >= 0) acc += E::get(src[d], (int64_t)rows[d] * a.H + h);
+          E::put(a.out, (int64_t)t * a.H + h, acc);
+        }
+      }
+      if (a.out_w) {
+        float acc = 0.0f;
+        for (int d = 0; d < R; ++d) {
+          const int r = __shfl_sync(0xffffffffu, myrow, d);
+          if (r >= 0 && lane < a.k) acc += src_w[d][(int64_t)r * a.k + lane];
+        }
+        if (lane < a.k) a.out_w[(int64_t)t * a.k + lane] = acc;
+      }
+    }
+  }
+  leave(c, ok);
+}
+
+/* ---- redispatch: pull the g rows of the tokens we received (combine's transpose) ------------- */
+struct RedispatchArgs {
+  Ctl c;
+  const char *g;
+  const int *recv_src;
+  char *out;
+  int T, vec;
+  int64_t row_bytes;
+};
+
+__global__ void __launch_bounds__(kThreads) redispatch_kernel(RedispatchArgs a) {
+  const Ctl &c = a.c;
+  const int R = c.R, me = c.rank, lane = threadIdx.x & 31;
+  if (blockIdx.x == 0) {
+    if (threadIdx.x < R) c.bufs[threadIdx.x]->mail[me].ptr[0] = (unsigned long long)a.g;
+    publish(c);
+  }
+  const bool ok = meet(c);
+  __shared__ const char *src[kMaxRanks];
+  if (ok && threadIdx.x < R)
+    src[threadIdx.x] = (const char *)((const volatile Mail *)c.bufs[me]->mail)[threadIdx.x].ptr[0];
+  __syncthreads();
+  if (ok) {
+    const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), nw = gridDim.x * kWarps;
+    const int64_t N = (int64_t)a.T * R;
+    for (int64_t r = gw; r < N; r += nw) {
+      const int from = a.recv_src[r];
+      char *o = a.out + r * a.row_bytes;
+      if (from < 0 || from >= N) {
+        zero_row(o, a.row_bytes, a.vec, lane);
+      } else {
+        const int s = from / a.T, t = from % a.T;
+        any_copy_row(o, src[s] + (int64_t)t * a.row_bytes, a.row_bytes, a.vec, lane);
+      }
+    }
+  }
+  leave(c, ok);
+}
+
+/* ---- host side ------------------------------------------------------------------------------- */
+sl_status cuda_fail(cudaError_t e, const char *op, const char *what) {
+  return sl_set_error(SL_STATUS_CUDA_ERROR, "ep %s: %s: %s", op, what, cudaGetErrorString(e));
+}
+
+/* The rank whose device is current. */
+sl_status find_rank(sl_ep_comm *c, const char *op, State **st, Rank **rk) {
+  *st = (State *)c->cuda;
+  if (!*st)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep %s: communicator %lld was set up without CUDA (a CPU mesh?)", op,
+                        (long long)c->id);
+  int dev = -1;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return cuda_fail(e, op, "cudaGetDevice");
+  for (int i = 0; i < (*st)->G * (*st)->R; ++i)
+    if ((*st)->ranks[i].ordinal == dev) {
+      *rk = &(*st)->ranks[i];
+      return SL_STATUS_SUCCESS;
+    }
+  return sl_set_error(
+      SL_STATUS_INVALID_ARGUMENT,
+      "ep %s: device %d is not part of communicator %lld (set up for another mesh?)", op, dev,
+      (long long)c->id);
+}
+
+/* The previous calls' device-side failures, seen from the host. */
+sl_status check_device_error(sl_ep_comm *c, State *st, Rank *rk, const char *op) {
+  for (int i = 0; i < st->G * st->R; ++i) {
+    const volatile EpErr *e = st->ranks[i].err_host;
+    if (e->code == 0) continue;
+    const char *what = e->phase == 1 ? "to arrive" : "to finish with its buffers";
+    char who[32];
+    if (e->waited_for >= 0)
+      snprintf(who, sizeof who, "rank %d", e->waited_for);
+    else
+      snprintf(who, sizeof who, "every peer");
+    return sl_set_error(
+        SL_STATUS_TIMEOUT,
+        "ep %s: rank %d of group %d (device %d) waited %.3g s at call #%llu for %s %s; "
+        "communicator %lld is broken (set it up again)",
+        op, e->rank, st->ranks[i].group, st->ranks[i].ordinal, (double)st->timeout_ns * 1e-9,
+        (unsigned long long)e->seq, who, what, (long long)c->id);
+  }
+  (void)rk;
+  return SL_STATUS_SUCCESS;
+}
+
+sl_status check_cuda_desc(const State *st, const sl_ep_desc *d, const char *op) {
+  if (d == NULL || d->struct_size < sizeof(sl_ep_desc))
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "ep %s: bad desc (struct_size)", op);
+  if (d->num_ranks != st->R)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep %s: desc->num_ranks=%lld, communicator has %d", op,
+                        (long long)d->num_ranks, st->R);
+  if (d->num_tokens < 0 || d->hidden < 0 || d->topk < 1 || d->topk > kMaxTopk ||
+      d->num_experts < 1 || d->num_experts % d->num_ranks || d->num_experts > kMaxExperts ||
+      d->num_experts / d->num_ranks > kMaxLocal || d->num_tokens * d->num_ranks > INT32_MAX)
+    return sl_set_error(SL_STATUS_UNSUPPORTED,
+                        "ep %s: the CUDA transport needs 1 <= k <= %d, E <= %d a multiple of R, "
+                        "E/R <= %d; got T=%lld H=%lld k=%lld E=%lld R=%lld",
+                        op, kMaxTopk, kMaxExperts, kMaxLocal, (long long)d->num_tokens,
+                        (long long)d->hidden, (long long)d->topk, (long long)d->num_experts,
+                        (long long)d->num_ranks);
+  if (d->dtype != SL_DTYPE_F32 && d->dtype != SL_DTYPE_BF16 && d->dtype != SL_DTYPE_F16)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "ep %s: rows must be f32, bf16 or f16", op);
+  return SL_STATUS_SUCCESS;
+}
+
+Ctl make_ctl(const State *st, Rank *rk) {
+  Ctl c;
+  memset(&c, 0, sizeof c);
+  for (int r = 0; r < st->R; ++r) c.bufs[r] = st->ranks[rk->group * st->R + r].buf;
+  c.err = rk->err_dev;
+  c.rank = rk->rank;
+  c.R = st->R;
+  c.blocks = st->blocks;
+  c.seq = ++rk->seq;
+  c.timeout_ns = st->timeout_ns;
+  return c;
+}
+
+int vec_of(int64_t row_bytes) { return row_bytes % 16 == 0 ? 16 : row_bytes % 4 == 0 ? 4 : 2; }
+
+/* After the launches: the launch status, and with SLUICE_DEBUG=1 a synchronisation and the checks.
+ */
+sl_status finish(sl_ep_comm *c, State *st, Rank *rk, cudaStream_t s, const char *op) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return cuda_fail(e, op, "kernel launch");
+  if (!sl_debug_enabled()) return SL_STATUS_SUCCESS;
+  e = cudaStreamSynchronize(s);
+  if (e != cudaSuccess) return cuda_fail(e, op, "cudaStreamSynchronize (SLUICE_DEBUG)");
+  sl_status r = check_device_error(c, st, rk, op);
+  if (r) return r;
+  if (rk->err_host->bad_ids) {
+    const int n = rk->err_host->bad_ids;
+    rk->err_host->bad_ids = 0;
+    return sl_set_error(
+        SL_STATUS_INVALID_VALUE,
+        "ep %s: rank %d: %d topk_idx slot(s) outside [-1, E) or repeating an expert of "
+        "the same token (treated as -1; SLUICE_DEBUG=1 reports them)",
+        op, rk->rank, n);
+  }
+  return SL_STATUS_SUCCESS;
+}
+
+sl_status begin(int64_t comm_id, const sl_ep_desc *d, const char *op, sl_ep_comm **c, State **st,
+                Rank **rk) {
+  *c = ep_comm_get(comm_id, op);
+  if (!*c) return SL_STATUS_INVALID_ARGUMENT;
+  sl_status r = find_rank(*c, op, st, rk);
+  if (r) return r;
+  if ((r = check_cuda_desc(*st, d, op))) return r;
+  return check_device_error(*c, *st, *rk, op);
+}
+
+}  // namespace
+
+/* ---- attach / detach (called by sl_ep_comm_create / destroy) -----------------------------------
+ */
+extern "C" sl_status ep_cuda_attach(sl_ep_comm *c, const sl_ep_comm_desc *desc) {
+  if (desc->num_ranks > kMaxRanks)
+    return sl_set_error(
+        SL_STATUS_UNSUPPORTED,
+        "ep_comm_create: the NVLink transport supports up to %d ranks per group, got %d", kMaxRanks,
+        desc->num_ranks);
+  if (!desc->device_ordinals)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep_comm_create: use_cuda needs device_ordinals");
+  int prev = 0;
+  cudaGetDevice(&prev);
+  State *st = (State *)calloc(1, sizeof(State));
+  const int n = desc->num_groups * desc->num_ranks;
+  st->G = desc->num_groups;
+  st->R = desc->num_ranks;
+  st->blocks = c->num_sms;
+  st->timeout_ns = (long long)(desc->timeout_s * 1e9);
+  st->ranks = (Rank *)calloc((size_t)n, sizeof(Rank));
+  c->cuda = st;
+  sl_status result = SL_STATUS_SUCCESS;
+  for (int i = 0; i < n && result == SL_STATUS_SUCCESS; ++i) {
+    Rank *rk = &st->ranks[i];
+    rk->ordinal = desc->device_ordinals[i];
+    rk->group = i / st->R;
+    rk->rank = i % st->R;
+    cudaError_t e = cudaSetDevice(rk->ordinal);
+    if (e == cudaSuccess) e = cudaMalloc(&rk->buf, sizeof(EpBuf));
+    if (e == cudaSuccess) e = cudaMemset(rk->buf, 0, sizeof(EpBuf));
+    if (e == cudaSuccess) e = cudaMalloc(&rk->send_counts, sizeof(int) * kMaxRanks);
+    if (e == cudaSuccess) e = cudaMalloc(&rk->expert_hist, sizeof(int) * kMaxExperts);
+    if (e == cudaSuccess)
+      e = cudaHostAlloc(&rk->err_host, sizeof(EpErr), cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e == cudaSuccess) {
+      memset(rk->err_host, 0, sizeof(EpErr));
+      e = cudaHostGetDevicePointer(&rk->err_dev, rk->err_host, 0);
+    }
+    if (e != cudaSuccess) result = cuda_fail(e, "comm_create", "allocating device buffers");
+  }
+  /* Peer access between every pair of a group (both directions). */
+  for (int g = 0; g < st->G && result == SL_STATUS_SUCCESS; ++g)
+    for (int a = 0; a < st->R && result == SL_STATUS_SUCCESS; ++a)
+      for (int b = 0; b < st->R && result == SL_STATUS_SUCCESS; ++b) {
+        const int da = st->ranks[g * st->R + a].ordinal, db = st->ranks[g * st->R + b].ordinal;
+        if (da == db) continue;
+        int can = 0;
+        cudaDeviceCanAccessPeer(&can, da, db);
+        if (!can) {
+          result =
+              sl_set_error(SL_STATUS_UNSUPPORTED,
+                           "ep_comm_create: device %d cannot access device %d's memory (no peer "
+                           "access: the NVLink transport needs it)",
+                           da, db);
+          break;
+        }
+        cudaSetDevice(da);
+        cudaError_t e = cudaDeviceEnablePeerAccess(db, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled) {
+          cudaGetLastError();
+          e = cudaSuccess;
+        }
+        if (e != cudaSuccess) result = cuda_fail(e, "comm_create", "cudaDeviceEnablePeerAccess");
+      }
+  for (int i = 0; i < n && result == SL_STATUS_SUCCESS; ++i) {
+    cudaSetDevice(st->ranks[i].ordinal);
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) result = cuda_fail(e, "comm_create", "cudaDeviceSynchronize");
+  }
+  cudaSetDevice(prev);
+  return result; /* on failure the caller frees through ep_cuda_detach */
+}
+
+extern "C" void ep_cuda_detach(sl_ep_comm *c) {
+  State *st = (State *)c->cuda;
+  if (!st) return;
+  int prev = 0;
+  cudaGetDevice(&prev);
+  for (int i = 0; i < st->G * st->R; ++i) {
+    Rank *rk = &st->ranks[i];
+    if (cudaSetDevice(rk->ordinal) != cudaSuccess) continue;
+    cudaDeviceSynchronize();
+    cudaFree(rk->buf);
+    cudaFree(rk->send_counts);
+    cudaFree(rk->expert_hist);
+    if (rk->err_host) cudaFreeHost(rk->err_host);
+  }
+  cudaSetDevice(prev);
+  free(st->ranks);
+  free(st);
+  c->cuda = NULL;
+}
+
+/* ---- public entry points ----------------------------------------------------------------------
+ */
+extern "C" sl_status sl_ep_dispatch_cuda(int64_t comm_id, const sl_ep_desc *d, const void *x,
+                                         const int32_t *topk_idx, const float *topk_w, void *recv_x,
+                                         int32_t *recv_idx, float *recv_w, int32_t *num_recv,
+                                         int32_t *counts, int32_t *send_row, int32_t *recv_src,
+                                         void *stream) {
+  const char *op = "dispatch";
+  sl_ep_comm *c;
+  State *st;
+  Rank *rk;
+  sl_status r = begin(comm_id, d, op, &c, &st, &rk);
+  if (r) return r;
+  cudaStream_t s = (cudaStream_t)stream;
+  const int L = (int)(d->num_experts / d->num_ranks);
+  LayoutArgs la = {topk_idx,
+                   send_row,
+                   rk->send_counts,
+                   rk->expert_hist,
+                   &rk->err_dev->bad_ids,
+                   (int)d->num_tokens,
+                   (int)d->topk,
+                   (int)d->num_experts,
+                   L,
+                   st->R};
+  layout_kernel<<<1, 1024, 0, s>>>(la);
+  DispatchArgs a;
+  memset(&a, 0, sizeof a);
+  a.c = make_ctl(st, rk);
+  a.x = (const char *)x;
+  a.idx = topk_idx;
+  a.w = topk_w;
+  a.send_row = send_row;
+  a.send_counts = rk->send_counts;
+  a.expert_hist = rk->expert_hist;
+  a.recv_x = (char *)recv_x;
+  a.recv_idx = recv_idx;
+  a.recv_w = recv_w;
+  a.recv_src = recv_src;
+  a.num_recv = num_recv;
+  a.counts = counts;
+  a.T = (int)d->num_tokens;
+  a.k = (int)d->topk;
+  a.E = (int)d->num_experts;
+  a.L = L;
+  a.row_bytes = d->hidden * (int64_t)sl_dtype_size(d->dtype);
+  a.vec = vec_of(a.row_bytes);
+  dispatch_kernel<<<st->blocks, kThreads, 0, s>>>(a);
+  return finish(c, st, rk, s, op);
+}
+
+extern "C" sl_status sl_ep_layout_cuda(const sl_ep_desc *d, const int32_t *topk_idx,
+                                       int32_t *send_pos, int32_t *send_counts,
+                                       int32_t *expert_counts, void *stream) {
+  if (d == NULL || d->struct_size < sizeof(sl_ep_desc) || d->num_ranks < 1 ||
+      d->num_ranks > kMaxRanks || d->num_tokens < 0 || d->topk < 1 || d->num_experts < 1 ||
+      d->num_experts % d->num_ranks || d->num_experts > kMaxExperts || expert_counts == NULL)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep layout (CUDA): bad descriptor or arguments");
+  static int
+      *bad_of[64]; /* throw-away counters, one per device: this entry does not report bad ids */
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64) return sl_set_error(SL_STATUS_UNSUPPORTED, "ep layout: device %d", dev);
+  if (!bad_of[dev] && cudaMalloc(&bad_of[dev], sizeof(int)) != cudaSuccess)
+    return sl_set_error(SL_STATUS_CUDA_ERROR, "ep layout: cudaMalloc");
+  int *bad = bad_of[dev];
+  LayoutArgs la = {topk_idx,
+                   send_pos,
+                   send_counts,
+                   expert_counts,
+                   bad,
+                   (int)d->num_tokens,
+                   (int)d->topk,
+                   (int)d->num_experts,
+                   (int)(d->num_experts / d->num_ranks),
+                   (int)d->num_ranks};
+  layout_kernel<<<1, 1024, 0, (cudaStream_t)stream>>>(la);
+  cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? SL_STATUS_SUCCESS : cuda_fail(e, "layout", "kernel launch");
+}
+
+extern "C" sl_status sl_ep_combine_cuda(int64_t comm_id, const sl_ep_desc *d, const void *y,
+                                        const float *y_w, const int32_t *send_row, void *out,
+                                        float *out_w, void *stream) {
+  const char *op = "combine";
+  sl_ep_comm *c;
+  State *st;
+  Rank *rk;
+  sl_status r = begin(comm_id, d, op, &c, &st, &rk);
+  if (r) return r;
+  cudaStream_t s = (cudaStream_t)stream;
+  CombineArgs a;
+  memset(&a, 0, sizeof a);
+  a.c = make_ctl(st, rk);
+  a.y = (const char *)y;
+  a.y_w = y_w;
+  a.send_row = send_row;
+  a.out = (char *)out;
+  a.out_w = out_w;
+  a.T = (int)d->num_tokens;
+  a.k = y_w ? (int)d->topk : 0;
+  a.H = (int)d->hidden;
+  a.vec16 = (d->hidden * (int64_t)sl_dtype_size(d->dtype)) % 16 == 0;
+  if (d->dtype == SL_DTYPE_BF16)
+    combine_kernel<__nv_bfloat16><<<st->blocks, kThreads, 0, s>>>(a);
+  else if (d->dtype == SL_DTYPE_F16)
+    combine_kernel<__half><<<st->blocks, kThreads, 0, s>>>(a);
+  else
+    combine_kernel<float><<<st->blocks, kThreads, 0, s>>>(a);
+  return finish(c, st, rk, s, op);
+}
+
+extern "C" sl_status sl_ep_redispatch_cuda(int64_t comm_id, const sl_ep_desc *d, const void *g,
+                                           const int32_t *recv_src, void *out, void *stream) {
+  const char *op = "redispatch";
+  sl_ep_comm *c;
+  State *st;
+  Rank *rk;
+  sl_status r = begin(comm_id, d, op, &c, &st, &rk);
+  if (r) return r;
+  cudaStream_t s = (cudaStream_t)stream;
+  RedispatchArgs a;
+  memset(&a, 0, sizeof a);
+  a.c = make_ctl(st, rk);
+  a.g = (const char *)g;
+  a.recv_src = recv_src;
+  a.out = (char *)out;
+  a.T = (int)d->num_tokens;
+  a.row_bytes = d->hidden * (int64_t)sl_dtype_size(d->dtype);
+  a.vec = vec_of(a.row_bytes);
+  redispatch_kernel<<<st->blocks, kThreads, 0, s>>>(a);
+  return finish(c, st, rk, s, op);
+}

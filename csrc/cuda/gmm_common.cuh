@@ -1,0 +1,198 @@
+/* Shared pieces of the CUDA grouped GEMM kernels: the argument block every launcher takes, and the
+ * device-side group table (group starts, ends and a prefix of tile counts) that each kernel builds
+ * from the device's group_sizes with no host synchronisation.
+ *
+ * Clamping (sluice.h): negative sizes count as 0, row ranges are clamped to [0, M), the offset is
+ * clamped to [0, G - G_local]. Every kernel reads group rows only through this table, so no device
+ * value can make it touch memory out of bounds. */
+#ifndef SLUICE_CUDA_GMM_COMMON_CUH_
+#define SLUICE_CUDA_GMM_COMMON_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "sluice.h"
+
+namespace sluice_cuda {
+
+/* One problem of a batch, as the launchers see it. */
+struct GmmArgs {
+  const void *lhs;
+  const void *rhs;
+  void *out;
+  const int32_t *group_sizes; /* device int32 [num_groups] */
+  const int32_t *group_offset;/* device int32 [1] or NULL */
+  int *table;                 /* device workspace for the group table, or NULL: built in smem */
+  int m, k, n;
+  int num_groups, num_local_groups;
+  sl_dtype in_dtype, out_dtype;
+  int transpose_rhs; /* gmm only */
+};
+
+/* Group table layout, in ints: [lo, hi, total_tiles, pad, start[GL], end[GL], tile_prefix[GL+1]].
+ * Rows [lo, hi) of lhs belong to local groups; gmm zeroes every other row of out. */
+constexpr int kTableHeader = 4;
+__host__ __device__ inline int table_ints(int num_local_groups) {
+  return kTableHeader + 3 * num_local_groups + 1;
+}
+
+/* Groups whose table fits in shared memory next to the pipeline; more need the workspace. */
+constexpr int kSmemTableMaxGroups = 256;
+
+#ifdef __CUDACC__
+/* Block-wide inclusive scan of one int64 per thread (blockDim.x a multiple of 32, <= 1024). */
+__device__ inline long long block_inclusive_scan(long long v, long long *warp_sums) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    long long t = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += t;
+  }
+  if (lane == 31) warp_sums[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    long long w = lane < nwarps ? warp_sums[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      long long t = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += t;
+    }
+    if (lane < nwarps) warp_sums[lane] = w;
+  }
+  __syncthreads();
+  if (warp > 0) v += warp_sums[warp - 1];
+  __syncthreads(); /* warp_sums is reused by the next call */
+  return v;
+}
+
+/* Builds the group table in `tab` (smem or global), called by every thread of a block.
+ * gmm: a local group of s rows has ceil(s / bm) * tiles_n tiles; tgmm (bm == 0): every local group
+ * has tiles_per_group tiles (an empty group still writes its zero tile). */
+__device__ inline void build_group_table(const GmmArgs &a, int *tab, int bm, int tiles_n,
+                                         int tiles_per_group) {
+  __shared__ long long warp_sums[32];
+  const int G = a.num_groups, GL = a.num_local_groups;
+  const long long M = a.m;
+  int off = a.group_offset ? a.group_offset[0] : 0;
+  off = min(max(off, 0), G - GL);
+  int *start = tab + kTableHeader, *end = start + GL, *tile_prefix = end + GL;
+
+  /* Exclusive prefix of the clamped sizes over all G groups, in chunks of blockDim.x. */
+  long long carry = 0;
+  for (int base = 0; base < G; base += blockDim.x) {
+    const int g = base + threadIdx.x;
+    long long s = 0;
+    if (g < G) s = max(a.group_sizes[g], 0);
+    long long incl = block_inclusive_scan(s, warp_sums) + carry;
+    long long excl = incl - s;
+    if (g < G && g >= off && g < off + GL) {
+      start[g - off] = (int)min(excl, M);
+      end[g - off] = (int)min(incl, M);
+    }
+    if (g == off) tab[0] = (int)min(excl, M);
+    if (g == off + GL - 1) tab[1] = (int)min(incl, M);
+    if ((threadIdx.x & 31) == 31) warp_sums[threadIdx.x >> 5] = incl;
+    __syncthreads();
+    carry = warp_sums[(blockDim.x >> 5) - 1];
+    __syncthreads();
+  }
+  if (GL == 0 && threadIdx.x == 0) {
+    /* No local group: every row is outside. */
+    tab[0] = 0;
+    tab[1] = 0;
+  }
+  __syncthreads();
+
+  /* Prefix of tile counts over local groups. */
+  carry = 0;
+  for (int base = 0; base < GL; base += blockDim.x) {
+    const int j = base + threadIdx.x;
+    long long t = 0;
+    if (j < GL) t = bm > 0 ? (long long)((end[j] - start[j] + bm - 1) / bm) * tiles_n
+                           : (long long)tiles_per_group;
+    long long incl = block_inclusive_scan(t, warp_sums) + carry;
+    if (j < GL) tile_prefix[j + 1] = (int)min(incl, (long long)INT32_MAX);
+    if ((threadIdx.x & 31) == 31) warp_sums[threadIdx.x >> 5] = incl;
+    __syncthreads();
+    carry = warp_sums[(blockDim.x >> 5) - 1];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    tile_prefix[0] = 0;
+    tab[2] = (int)min(carry, (long long)INT32_MAX);
+  }
+  __syncthreads();
+}
+
+/* The local group that owns tile t: the last j with tile_prefix[j] <= t (empty groups skipped). */
+__device__ inline int find_group(const int *tile_prefix, int num_local_groups, int t) {
+  int lo = 0, hi = num_local_groups; /* answer in [lo, hi) */
+  while (hi - lo > 1) {
+    int mid = (lo + hi) >> 1;
+    if (tile_prefix[mid] <= t) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+/* Tile u of a tiles_m x tiles_n grid, in panels of 16 m-tiles: inside a panel n advances after every
+ * m-tile of the panel. CTAs running at the same time then share 16 row blocks and ~8 column blocks
+ * (gmm: A and B slabs; tgmm: both operands' column slabs) instead of every row block of a tall group. */
+__host__ __device__ inline void panel_raster(int u, int tiles_m, int tiles_n, int &mt, int &nt) {
+  constexpr int P = 16;
+  const int panel = u / (P * tiles_n);
+  const int rem = u - panel * P * tiles_n;
+  const int height = min(P, tiles_m - panel * P);
+  nt = rem / height;
+  mt = panel * P + rem % height;
+}
+
+__host__ __device__ inline size_t dtype_bytes(sl_dtype dt) {
+  return dt == SL_DTYPE_F32 || dt == SL_DTYPE_I32 ? 4 : 2;
+}
+
+__device__ inline void store_out(void *out, sl_dtype dt, size_t idx, float v) {
+  if (dt == SL_DTYPE_F32) reinterpret_cast<float *>(out)[idx] = v;
+  else if (dt == SL_DTYPE_BF16) reinterpret_cast<__nv_bfloat16 *>(out)[idx] = __float2bfloat16_rn(v);
+  else reinterpret_cast<__half *>(out)[idx] = __float2half_rn(v);
+}
+
+/* Two adjacent outputs (idx even-aligned for 16-bit types, 8-byte aligned for f32). */
+__device__ inline void store_out2(void *out, sl_dtype dt, size_t idx, float v0, float v1) {
+  if (dt == SL_DTYPE_F32) {
+    *reinterpret_cast<float2 *>(reinterpret_cast<float *>(out) + idx) = make_float2(v0, v1);
+  } else if (dt == SL_DTYPE_BF16) {
+    *reinterpret_cast<__nv_bfloat162 *>(reinterpret_cast<__nv_bfloat16 *>(out) + idx) =
+        __floats2bfloat162_rn(v0, v1);
+  } else {
+    *reinterpret_cast<__half2 *>(reinterpret_cast<__half *>(out) + idx) = __floats2half2_rn(v0, v1);
+  }
+}
+
+/* gmm: zero rows [0, lo) and [hi, M) of out, spread over the whole grid. */
+__device__ inline void zero_outside_rows(const GmmArgs &a, int lo, int hi) {
+  const size_t n = (size_t)a.n;
+  const size_t below = (size_t)lo * n, above = (size_t)(a.m - hi) * n;
+  const size_t total = below + above;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+    size_t idx = i < below ? i : (size_t)hi * n + (i - below);
+    store_out(a.out, a.out_dtype, idx, 0.f);
+  }
+}
+#endif /* __CUDACC__ */
+
+/* Launchers. Each returns SL_STATUS_SUCCESS or a status with sl_set_error called. */
+sl_status sm80_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t stream);
+sl_status naive_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t stream);
+sl_status table_build_launch(const GmmArgs &a, bool tgmm, int bm, int tiles_n, int tiles_per_group,
+                             cudaStream_t stream);
+/* Returns SL_STATUS_UNSUPPORTED (without setting an error) when the case is not covered.
+ * variant: -1 picks the fastest that applies; 0..2 force one (sm90_gmm.cu, dev harness). */
+sl_status sm90_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t stream, int variant = -1);
+bool sm90_gmm_supports(const GmmArgs &a, bool tgmm);
+
+} /* namespace sluice_cuda */
+
+#endif /* SLUICE_CUDA_GMM_COMMON_CUH_ */
