@@ -78,7 +78,9 @@ def has_cuda() -> bool:
 
 
 def _register(name: str, symbol: str) -> None:
-    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol + "_cpu")), platform="cpu")
+    jax.ffi.register_ffi_target(
+        name, jax.ffi.pycapsule(getattr(lib, symbol + "_cpu")), platform="cpu"
+    )
     if has_cuda():  # registering for CUDA is harmless where jax has no GPU backend
         jax.ffi.register_ffi_target(
             name, jax.ffi.pycapsule(getattr(lib, symbol + "_cuda")), platform="CUDA"
@@ -102,8 +104,16 @@ def gmm_workspace_bytes(
 ) -> int:
     """Device scratch the CUDA kernels need for one problem (O(G) bytes; never 0 here)."""
     d = GmmDesc(
-        ctypes.sizeof(GmmDesc), 1, m, k, n, num_groups, num_local_groups,
-        DTYPE_CODES[str(dtype)], DTYPE_CODES[str(dtype)], DTYPE_CODES[str(out_dtype)],
+        ctypes.sizeof(GmmDesc),
+        1,
+        m,
+        k,
+        n,
+        num_groups,
+        num_local_groups,
+        DTYPE_CODES[str(dtype)],
+        DTYPE_CODES[str(dtype)],
+        DTYPE_CODES[str(out_dtype)],
         int(transpose_rhs),
     )
     return max(int(lib.sl_gmm_cuda_workspace_size(ctypes.byref(d))), 16)
