@@ -22,9 +22,9 @@ struct GmmArgs {
   const void *lhs;
   const void *rhs;
   void *out;
-  const int32_t *group_sizes; /* device int32 [num_groups] */
-  const int32_t *group_offset;/* device int32 [1] or NULL */
-  int *table;                 /* device workspace for the group table, or NULL: built in smem */
+  const int32_t *group_sizes;  /* device int32 [num_groups] */
+  const int32_t *group_offset; /* device int32 [1] or NULL */
+  int *table;                  /* device workspace for the group table, or NULL: built in smem */
   int m, k, n;
   int num_groups, num_local_groups;
   sl_dtype in_dtype, out_dtype;
@@ -110,8 +110,9 @@ __device__ inline void build_group_table(const GmmArgs &a, int *tab, int bm, int
   for (int base = 0; base < GL; base += blockDim.x) {
     const int j = base + threadIdx.x;
     long long t = 0;
-    if (j < GL) t = bm > 0 ? (long long)((end[j] - start[j] + bm - 1) / bm) * tiles_n
-                           : (long long)tiles_per_group;
+    if (j < GL)
+      t = bm > 0 ? (long long)((end[j] - start[j] + bm - 1) / bm) * tiles_n
+                 : (long long)tiles_per_group;
     long long incl = block_inclusive_scan(t, warp_sums) + carry;
     if (j < GL) tile_prefix[j + 1] = (int)min(incl, (long long)INT32_MAX);
     if ((threadIdx.x & 31) == 31) warp_sums[threadIdx.x >> 5] = incl;
@@ -131,14 +132,18 @@ __device__ inline int find_group(const int *tile_prefix, int num_local_groups, i
   int lo = 0, hi = num_local_groups; /* answer in [lo, hi) */
   while (hi - lo > 1) {
     int mid = (lo + hi) >> 1;
-    if (tile_prefix[mid] <= t) lo = mid; else hi = mid;
+    if (tile_prefix[mid] <= t)
+      lo = mid;
+    else
+      hi = mid;
   }
   return lo;
 }
 
-/* Tile u of a tiles_m x tiles_n grid, in panels of 16 m-tiles: inside a panel n advances after every
- * m-tile of the panel. CTAs running at the same time then share 16 row blocks and ~8 column blocks
- * (gmm: A and B slabs; tgmm: both operands' column slabs) instead of every row block of a tall group. */
+/* Tile u of a tiles_m x tiles_n grid, in panels of 16 m-tiles: inside a panel n advances after
+ * every m-tile of the panel. CTAs running at the same time then share 16 row blocks and ~8 column
+ * blocks (gmm: A and B slabs; tgmm: both operands' column slabs) instead of every row block of a
+ * tall group. */
 __host__ __device__ inline void panel_raster(int u, int tiles_m, int tiles_n, int &mt, int &nt) {
   constexpr int P = 16;
   const int panel = u / (P * tiles_n);
@@ -153,9 +158,12 @@ __host__ __device__ inline size_t dtype_bytes(sl_dtype dt) {
 }
 
 __device__ inline void store_out(void *out, sl_dtype dt, size_t idx, float v) {
-  if (dt == SL_DTYPE_F32) reinterpret_cast<float *>(out)[idx] = v;
-  else if (dt == SL_DTYPE_BF16) reinterpret_cast<__nv_bfloat16 *>(out)[idx] = __float2bfloat16_rn(v);
-  else reinterpret_cast<__half *>(out)[idx] = __float2half_rn(v);
+  if (dt == SL_DTYPE_F32)
+    reinterpret_cast<float *>(out)[idx] = v;
+  else if (dt == SL_DTYPE_BF16)
+    reinterpret_cast<__nv_bfloat16 *>(out)[idx] = __float2bfloat16_rn(v);
+  else
+    reinterpret_cast<__half *>(out)[idx] = __float2half_rn(v);
 }
 
 /* Two adjacent outputs (idx even-aligned for 16-bit types, 8-byte aligned for f32). */
@@ -190,7 +198,8 @@ sl_status table_build_launch(const GmmArgs &a, bool tgmm, int bm, int tiles_n, i
                              cudaStream_t stream);
 /* Returns SL_STATUS_UNSUPPORTED (without setting an error) when the case is not covered.
  * variant: -1 picks the fastest that applies; 0..2 force one (sm90_gmm.cu, dev harness). */
-sl_status sm90_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t stream, int variant = -1);
+sl_status sm90_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t stream,
+                          int variant = -1);
 bool sm90_gmm_supports(const GmmArgs &a, bool tgmm);
 
 } /* namespace sluice_cuda */

@@ -37,14 +37,17 @@ sl_status current_device(DeviceInfo *info, const char *op) {
   }
   DeviceInfo d;
   err = cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess)
-    return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: device attributes: %s", op, cudaGetErrorString(err));
+    return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: device attributes: %s", op,
+                        cudaGetErrorString(err));
   if (d.major < 8)
-    return sl_set_error(SL_STATUS_UNSUPPORTED,
-                        "%s: the CUDA kernels need compute capability 8.0 or newer (device %d is %d.%d)",
-                        op, dev, d.major, d.minor);
+    return sl_set_error(
+        SL_STATUS_UNSUPPORTED,
+        "%s: the CUDA kernels need compute capability 8.0 or newer (device %d is %d.%d)", op, dev,
+        d.major, d.minor);
   d.valid = true;
   if (dev >= 0 && dev < kMaxDevices) g_devices[dev] = d;
   *info = d;
@@ -64,7 +67,8 @@ sl_status debug_check(const char *op, const sl_gmm_desc *d, const int32_t *group
     return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: kernel failed: %s", op, cudaGetErrorString(err));
   const size_t G = (size_t)d->num_groups, B = (size_t)d->batch;
   int32_t *sizes = (int32_t *)malloc((G * B + B) * sizeof(int32_t) + 1);
-  if (sizes == NULL) return sl_set_error(SL_STATUS_OUT_OF_MEMORY, "%s: debug check: out of host memory", op);
+  if (sizes == NULL)
+    return sl_set_error(SL_STATUS_OUT_OF_MEMORY, "%s: debug check: out of host memory", op);
   int32_t *offs = sizes + G * B;
   err = cudaMemcpy(sizes, group_sizes, G * B * sizeof(int32_t), cudaMemcpyDeviceToHost);
   if (err == cudaSuccess && group_offset)
@@ -78,8 +82,8 @@ sl_status debug_check(const char *op, const sl_gmm_desc *d, const int32_t *group
     long long off = group_offset ? offs[b] : 0, sum = 0;
     if (off < 0 || off > d->num_groups - d->num_local_groups)
       st = sl_set_error(SL_STATUS_INVALID_VALUE,
-                        "%s: group_offset[%zu] = %lld is outside [0, %lld] (SLUICE_DEBUG)", op, b, off,
-                        (long long)(d->num_groups - d->num_local_groups));
+                        "%s: group_offset[%zu] = %lld is outside [0, %lld] (SLUICE_DEBUG)", op, b,
+                        off, (long long)(d->num_groups - d->num_local_groups));
     for (size_t g = 0; g < G && st == SL_STATUS_SUCCESS; ++g) {
       const int32_t s = sizes[b * G + g];
       if (s < 0)
@@ -89,8 +93,8 @@ sl_status debug_check(const char *op, const sl_gmm_desc *d, const int32_t *group
     }
     if (st == SL_STATUS_SUCCESS && sum > d->m)
       st = sl_set_error(SL_STATUS_INVALID_VALUE,
-                        "%s: sum(group_sizes[%zu]) = %lld exceeds m = %lld (SLUICE_DEBUG)", op, b, sum,
-                        (long long)d->m);
+                        "%s: sum(group_sizes[%zu]) = %lld exceeds m = %lld (SLUICE_DEBUG)", op, b,
+                        sum, (long long)d->m);
   }
   free(sizes);
   return st;
@@ -113,8 +117,8 @@ sl_status run(const char *op, bool tgmm, const sl_gmm_desc *d, const void *lhs, 
   if (out_elems == 0) return SL_STATUS_SUCCESS;
   if (tgmm && M == 0) {
     /* No rows: every local group is empty. */
-    cudaError_t err = cudaMemsetAsync(out, 0, B * out_elems * sluice_cuda::dtype_bytes(d->out_dtype),
-                                      (cudaStream_t)stream_ptr);
+    cudaError_t err = cudaMemsetAsync(
+        out, 0, B * out_elems * sluice_cuda::dtype_bytes(d->out_dtype), (cudaStream_t)stream_ptr);
     if (err != cudaSuccess)
       return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: %s", op, cudaGetErrorString(err));
     return SL_STATUS_SUCCESS;
@@ -124,10 +128,11 @@ sl_status run(const char *op, bool tgmm, const sl_gmm_desc *d, const void *lhs, 
   if (st != SL_STATUS_SUCCESS) return st;
   const bool big_table = GL > (size_t)sluice_cuda::kSmemTableMaxGroups;
   if (big_table && workspace == NULL)
-    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
-                        "%s: %zu local groups need a workspace of sl_gmm_cuda_workspace_size() = %zu "
-                        "bytes (more than %d groups do not fit in shared memory)",
-                        op, GL, table_bytes(d), sluice_cuda::kSmemTableMaxGroups);
+    return sl_set_error(
+        SL_STATUS_INVALID_ARGUMENT,
+        "%s: %zu local groups need a workspace of sl_gmm_cuda_workspace_size() = %zu "
+        "bytes (more than %d groups do not fit in shared memory)",
+        op, GL, table_bytes(d), sluice_cuda::kSmemTableMaxGroups);
   cudaStream_t stream = (cudaStream_t)stream_ptr;
   const size_t in_bytes = sluice_cuda::dtype_bytes(d->lhs_dtype);
   const size_t out_bytes = sluice_cuda::dtype_bytes(d->out_dtype);

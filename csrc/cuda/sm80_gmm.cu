@@ -36,16 +36,14 @@ struct Layout {
   static constexpr size_t PIPE_BYTES = (size_t)STAGES * STAGE_ELEMS * 2;
 };
 
-__device__ inline uint32_t smem_u32(const void *p) {
-  return (uint32_t)__cvta_generic_to_shared(p);
-}
+__device__ inline uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 /* Loads a R x C tile (C a multiple of 8) into smem [R][C+PAD]. Smem row r holds global row
  * row0 + r when it lies in [row_lo, row_hi), else zeros; column col0 + c is read when < col_hi.
  * VEC: 16-byte cp.async (global rows 16-byte aligned); else element loads through registers. */
 template <int R, int C, bool VEC, typename T>
-__device__ inline void load_tile(T *smem, const T *g, long long ld, int row0, int row_lo, int row_hi,
-                                 int col0, int col_hi) {
+__device__ inline void load_tile(T *smem, const T *g, long long ld, int row0, int row_lo,
+                                 int row_hi, int col0, int col_hi) {
   constexpr int CHUNKS = R * C / 8;
   static_assert(CHUNKS % THREADS == 0, "tile chunks must divide evenly over the threads");
 #pragma unroll
@@ -76,7 +74,9 @@ __device__ inline void load_tile(T *smem, const T *g, long long ld, int row0, in
 
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
-__device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 template <bool TRANS>
 __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void *p) {
@@ -159,8 +159,10 @@ __global__ void __launch_bounds__(THREADS, 1) gmm_kernel(GmmArgs a) {
         load_tile<BK, BN, VEC>(sb, rhs, a.n, r0, gs, ge, n0, a.n);
       } else {
         load_tile<BM, BK, VEC>(sa, lhs, a.k, m0, gs, ge, k0, a.k);
-        if (TRANS_B) load_tile<BN, BK, VEC>(sb, rhs_j, a.k, n0, 0, a.n, k0, a.k);
-        else load_tile<BK, BN, VEC>(sb, rhs_j, a.n, k0, 0, a.k, n0, a.n);
+        if (TRANS_B)
+          load_tile<BN, BK, VEC>(sb, rhs_j, a.k, n0, 0, a.n, k0, a.k);
+        else
+          load_tile<BK, BN, VEC>(sb, rhs_j, a.n, k0, 0, a.k, n0, a.n);
       }
     };
 
@@ -191,9 +193,11 @@ __global__ void __launch_bounds__(THREADS, 1) gmm_kernel(GmmArgs a) {
         for (int mi = 0; mi < 4; ++mi) {
           const int mrow = wm * 64 + mi * 16;
           if (TGMM)
-            ldmatrix_x4<true>(af[mi], sa + (kk + r + (q >> 1) * 8) * (BM + PAD) + mrow + (q & 1) * 8);
+            ldmatrix_x4<true>(af[mi],
+                              sa + (kk + r + (q >> 1) * 8) * (BM + PAD) + mrow + (q & 1) * 8);
           else
-            ldmatrix_x4<false>(af[mi], sa + (mrow + (lane & 15)) * (BK + PAD) + kk + (lane >> 4) * 8);
+            ldmatrix_x4<false>(af[mi],
+                               sa + (mrow + (lane & 15)) * (BK + PAD) + kk + (lane >> 4) * 8);
         }
 #pragma unroll
         for (int n2 = 0; n2 < 4; ++n2) {
@@ -220,8 +224,8 @@ __global__ void __launch_bounds__(THREADS, 1) gmm_kernel(GmmArgs a) {
     /* Epilogue: straight from registers, masked to this tile's group rows and the matrix edge. */
     const int row_limit = TGMM ? a.k : ge; /* rows [m0, row_limit) are this tile's */
     const bool pair_ok = (a.n % 2) == 0;
-    void *out = TGMM ? (void *)((char *)a.out + (size_t)j * a.k * a.n * dtype_bytes(a.out_dtype))
-                     : a.out;
+    void *out =
+        TGMM ? (void *)((char *)a.out + (size_t)j * a.k * a.n * dtype_bytes(a.out_dtype)) : a.out;
 #pragma unroll
     for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
@@ -233,7 +237,8 @@ __global__ void __launch_bounds__(THREADS, 1) gmm_kernel(GmmArgs a) {
           const int col = n0 + wn * 64 + ni * 8 + (lane & 3) * 2;
           const size_t idx = (size_t)row * a.n + col;
           const float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
-          if (pair_ok && col + 1 < a.n) store_out2(out, a.out_dtype, idx, v0, v1);
+          if (pair_ok && col + 1 < a.n)
+            store_out2(out, a.out_dtype, idx, v0, v1);
           else {
             if (col < a.n) store_out(out, a.out_dtype, idx, v0);
             if (col + 1 < a.n) store_out(out, a.out_dtype, idx + 1, v1);
@@ -273,7 +278,10 @@ __global__ void __launch_bounds__(256) naive_kernel(GmmArgs a) {
         int j = 0, jhi = GL; /* first j with end[j] > row */
         while (j < jhi) {
           int mid = (j + jhi) >> 1;
-          if (end[mid] > row) jhi = mid; else j = mid + 1;
+          if (end[mid] > row)
+            jhi = mid;
+          else
+            j = mid + 1;
         }
         const float *w = rhs + (size_t)j * a.k * a.n;
         for (int kk = 0; kk < a.k; ++kk)
@@ -285,8 +293,8 @@ __global__ void __launch_bounds__(256) naive_kernel(GmmArgs a) {
   }
 }
 
-__global__ void __launch_bounds__(1024) table_kernel(GmmArgs a, int bm, int tiles_n,
-                                                     int tiles_per_group) {
+__global__ void __launch_bounds__(1024)
+    table_kernel(GmmArgs a, int bm, int tiles_n, int tiles_per_group) {
   build_group_table(a, a.table, bm, tiles_n, tiles_per_group);
 }
 
@@ -295,8 +303,8 @@ sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   using L = Layout<TGMM, TRANS_B>;
   auto kernel = gmm_kernel<T, TGMM, TRANS_B, VEC>;
   const size_t smem = L::PIPE_BYTES + (a.table ? 0 : table_ints(a.num_local_groups) * sizeof(int));
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem);
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm80): %zu bytes of shared memory: %s", smem,
                         cudaGetErrorString(err));
@@ -310,16 +318,21 @@ sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   kernel<<<(unsigned)grid, THREADS, smem, stream>>>(a);
   err = cudaGetLastError();
   if (err != cudaSuccess)
-    return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm80): launch failed: %s", cudaGetErrorString(err));
+    return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm80): launch failed: %s",
+                        cudaGetErrorString(err));
   return SL_STATUS_SUCCESS;
 }
 
 template <typename T>
 sl_status launch_t(const GmmArgs &a, bool tgmm, bool vec, int num_sms, cudaStream_t s) {
-  if (tgmm) return vec ? launch<T, true, false, true>(a, num_sms, s) : launch<T, true, false, false>(a, num_sms, s);
+  if (tgmm)
+    return vec ? launch<T, true, false, true>(a, num_sms, s)
+               : launch<T, true, false, false>(a, num_sms, s);
   if (a.transpose_rhs)
-    return vec ? launch<T, false, true, true>(a, num_sms, s) : launch<T, false, true, false>(a, num_sms, s);
-  return vec ? launch<T, false, false, true>(a, num_sms, s) : launch<T, false, false, false>(a, num_sms, s);
+    return vec ? launch<T, false, true, true>(a, num_sms, s)
+               : launch<T, false, true, false>(a, num_sms, s);
+  return vec ? launch<T, false, false, true>(a, num_sms, s)
+             : launch<T, false, false, false>(a, num_sms, s);
 }
 
 } /* namespace sm80 */
@@ -344,10 +357,12 @@ sl_status sm80_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
   GmmArgs b = a;
   if (b.table) {
     const int tiles_n = (a.n + sm80::BN - 1) / sm80::BN, tiles_k = (a.k + sm80::BM - 1) / sm80::BM;
-    sl_status st = table_build_launch(b, tgmm, tgmm ? 0 : sm80::BM, tiles_n, tiles_k * tiles_n, stream);
+    sl_status st =
+        table_build_launch(b, tgmm, tgmm ? 0 : sm80::BM, tiles_n, tiles_k * tiles_n, stream);
     if (st != SL_STATUS_SUCCESS) return st;
   }
-  if (a.in_dtype == SL_DTYPE_BF16) return sm80::launch_t<__nv_bfloat16>(b, tgmm, vec, num_sms, stream);
+  if (a.in_dtype == SL_DTYPE_BF16)
+    return sm80::launch_t<__nv_bfloat16>(b, tgmm, vec, num_sms, stream);
   if (a.in_dtype == SL_DTYPE_F16) return sm80::launch_t<__half>(b, tgmm, vec, num_sms, stream);
   return naive_gmm_launch(a, tgmm, num_sms, stream);
 }
@@ -359,13 +374,15 @@ sl_status naive_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_
   }
   const size_t smem = a.table ? 0 : table_ints(a.num_local_groups) * sizeof(int);
   auto kernel = tgmm ? sm80::naive_kernel<true> : sm80::naive_kernel<false>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err == cudaSuccess) {
     kernel<<<num_sms * 8, 256, smem, stream>>>(a);
     err = cudaGetLastError();
   }
   if (err != cudaSuccess)
-    return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (f32): launch failed: %s", cudaGetErrorString(err));
+    return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (f32): launch failed: %s",
+                        cudaGetErrorString(err));
   return SL_STATUS_SUCCESS;
 }
 

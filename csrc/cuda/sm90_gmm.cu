@@ -38,6 +38,9 @@ constexpr int BM = 128, BN = 256, BK = 64, THREADS = 384;
 constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
 constexpr int BOX_BYTES = 64 * 64 * 2; /* one 64x64 swizzled box */
 constexpr int C_BYTES = BM * BN * 2;   /* 16-bit output tile staged for the TMA store */
+static_assert(
+    A_BYTES == 2 * BOX_BYTES && B_BYTES == 4 * BOX_BYTES,
+    "a stage is 2 A boxes and 4 B boxes of 64x64: the TMA issue and the fix-up assume it");
 
 /* Kernel variants (dev/cuda/gmm.cu times each):
  *   V_BASE   4 stages, each k-block's wgmmas waited before the next (wait_group 0), epilogue
@@ -58,8 +61,8 @@ enum Variant { V_BASE = 0, V_WAIT1 = 1, V_TMA_C = 2, V_TMA_C0 = 3 };
 __host__ __device__ constexpr bool has_tma_c(int v) { return v == V_TMA_C || v == V_TMA_C0; }
 __host__ __device__ constexpr int stages_of(int v) { return has_tma_c(v) ? 3 : 4; }
 __host__ __device__ constexpr size_t pipe_bytes(int v) {
-  return 1024 /* alignment slack */ + (size_t)stages_of(v) * STAGE_BYTES + (has_tma_c(v) ? C_BYTES : 0) +
-         3 * stages_of(v) * 8 + 16 /* issued-block counter */;
+  return 1024 /* alignment slack */ + (size_t)stages_of(v) * STAGE_BYTES +
+         (has_tma_c(v) ? C_BYTES : 0) + 4 * stages_of(v) * 8;
 }
 
 template <typename T, bool TGMM, bool TRANS_B, int VARIANT>
@@ -75,10 +78,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   unsigned char *base = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t stage0 = smem_u32(base);
   const uint32_t c_smem = stage0 + STAGES * STAGE_BYTES; /* TMA_C only */
-  uint64_t *bars = reinterpret_cast<uint64_t *>(base + STAGES * STAGE_BYTES + (TMA_C ? C_BYTES : 0));
+  uint64_t *bars =
+      reinterpret_cast<uint64_t *>(base + STAGES * STAGE_BYTES + (TMA_C ? C_BYTES : 0));
   const uint32_t full0 = smem_u32(bars), empty0 = full0 + STAGES * 8, fixed0 = empty0 + STAGES * 8;
-  /* k-blocks whose TMA the producer has issued (tgmm): a shared atomic counter, polled by the fixers */
-  unsigned *issued_ctr = reinterpret_cast<unsigned *>(bars + 3 * STAGES);
+  const uint32_t issued0 =
+      fixed0 + STAGES * 8; /* tgmm: producer issued a block that needs fixing */
 
   const int tiles_n = (a.n + BN - 1) / BN, tiles_k = (a.k + BM - 1) / BM;
   int *tab = a.table;
@@ -92,10 +96,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full0 + 8 * s, 1);
-      mbar_init(empty0 + 8 * s, 8); /* lane 0 of each consumer warp */
-      mbar_init(fixed0 + 8 * s, 1); /* tgmm: the fixer warps zeroed the rows past the group */
+      mbar_init(empty0 + 8 * s, 8);  /* lane 0 of each consumer warp */
+      mbar_init(fixed0 + 8 * s, 1);  /* tgmm: the fixer warps zeroed the rows past the group */
+      mbar_init(issued0 + 8 * s, 1); /* tgmm: the producer issued such a block into stage s */
     }
-    *issued_ctr = 0;
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   if (!TGMM) zero_outside_rows(a, tab[0], tab[1]);
@@ -139,7 +143,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             tma_load_2d(sa, &map_a, m0, r0, full);
             tma_load_2d(sa + BOX_BYTES, &map_a, m0 + 64, r0, full);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) tma_load_2d(sb + i * BOX_BYTES, &map_b, n0 + 64 * i, r0, full);
+            for (int i = 0; i < 4; ++i)
+              tma_load_2d(sb + i * BOX_BYTES, &map_b, n0 + 64 * i, r0, full);
           } else {
             const int k0 = kb * BK;
             tma_load_2d(sa, &map_a, k0, m0, full);
@@ -147,10 +152,11 @@ __global__ void __launch_bounds__(THREADS, 1)
               tma_load_3d(sb, &map_b, k0, n0, j, full);
             } else {
 #pragma unroll
-              for (int i = 0; i < 4; ++i) tma_load_3d(sb + i * BOX_BYTES, &map_b, n0 + 64 * i, k0, j, full);
+              for (int i = 0; i < 4; ++i)
+                tma_load_3d(sb + i * BOX_BYTES, &map_b, n0 + 64 * i, k0, j, full);
             }
           }
-          if (TGMM) atomicAdd(issued_ctr, 1u); /* publish "block issued" to the fixer warps */
+          if (TGMM && kb == nk - 1 && ge - gs - kb * BK < BK) mbar_arrive(issued0 + 8 * s);
           if (++s == STAGES) s = 0, phase ^= 1;
         }
       }
@@ -158,7 +164,8 @@ __global__ void __launch_bounds__(THREADS, 1)
       /* Fixers (warps 1-3): the last block of a group's contraction holds rows of the next group
        * (or TMA zeros past M); zero them in shared memory before the consumers read the stage. */
       const int ft = threadIdx.x - 32;
-      long long blk = 0; /* k-blocks issued so far, as the producer counts them */
+      long long blk = 0;         /* k-blocks issued so far, as the producer counts them */
+      uint32_t issued_phase = 0; /* bit s: parity of stage s's next "issued" phase */
       for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
         int j, m0, n0, nk, gs, ge;
         decode(t, j, m0, n0, nk, gs, ge);
@@ -167,8 +174,10 @@ __global__ void __launch_bounds__(THREADS, 1)
           const long long b = blk + nk - 1;
           const int s = (int)(b % STAGES);
           /* Wait until the producer has issued block b: only then is stage s's current full phase
-           * b's own (a parity wait further ahead could match an older phase). */
-          while ((long long)atomicOr(issued_ctr, 0u) <= b) __nanosleep(32);
+           * b's own (a parity wait further ahead could match an older phase). Neither barrier can
+           * lap the fixers: stage s is not refilled until the consumers saw this block fixed. */
+          mbar_wait(issued0 + 8 * s, (issued_phase >> s) & 1);
+          issued_phase ^= 1u << s;
           mbar_wait(full0 + 8 * s, (uint32_t)((b / STAGES) & 1));
           const uint32_t sa = stage0 + s * STAGE_BYTES, sb = sa + A_BYTES;
           const int chunks = (BK - rv) * 6 * 8; /* rows x (2 A + 4 B boxes) x 16-byte chunks */
@@ -176,7 +185,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             const int row = rv + c / 48, box = (c % 48) / 8, ch = c % 8;
             const uint32_t addr =
                 (box < 2 ? sa + box * BOX_BYTES : sb + (box - 2) * BOX_BYTES) + row * 128 + ch * 16;
-            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0)
+                         : "memory");
           }
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
           named_bar(4, 96);
@@ -187,7 +197,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int cw = wg - 1;                /* which 64 rows of the tile */
+    const int cw = wg - 1; /* which 64 rows of the tile */
     const int lt = threadIdx.x & 127, warp = lt >> 5, lane = lt & 31;
     float acc[128];
     int s = 0;
@@ -213,7 +223,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             db = make_desc(sb + kk * 2048, BOX_BYTES, 1024);
           } else {
             da = make_desc(sa + cw * 64 * 128 + kk * 32, 16, 1024);
-            db = TRANS_B ? make_desc(sb + kk * 32, 16, 1024) : make_desc(sb + kk * 2048, BOX_BYTES, 1024);
+            db = TRANS_B ? make_desc(sb + kk * 32, 16, 1024)
+                         : make_desc(sb + kk * 2048, BOX_BYTES, 1024);
           }
           constexpr int TA = TGMM ? 1 : 0, TB = TRANS_B ? 0 : 1;
           if constexpr (std::is_same<T, __nv_bfloat16>::value)
@@ -242,7 +253,8 @@ __global__ void __launch_bounds__(THREADS, 1)
 
       /* Epilogue: thread holds rows warp*16 + lane/4 (+8), columns 8i + 2*(lane%4) (+1). */
       const int row_limit = TGMM ? a.k : ge;
-      void *out = TGMM ? (void *)((char *)a.out + (size_t)j * a.k * a.n * dtype_bytes(a.out_dtype)) : a.out;
+      void *out =
+          TGMM ? (void *)((char *)a.out + (size_t)j * a.k * a.n * dtype_bytes(a.out_dtype)) : a.out;
       if (TMA_C && (TGMM || m0 + cw * 64 + 64 <= ge)) {
         /* This warpgroup's 64x256 half: 4 boxes of 64x64, 128B-swizzled like the TMA map. */
         const uint32_t cbase = c_smem + cw * (C_BYTES / 2);
@@ -253,7 +265,8 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int r = warp * 16 + (lane >> 2) + h * 8;
-            const uint32_t addr = cbase + (i >> 3) * BOX_BYTES + r * 128 + (((i & 7) ^ (r & 7)) << 4) + (lane & 3) * 4;
+            const uint32_t addr = cbase + (i >> 3) * BOX_BYTES + r * 128 +
+                                  (((i & 7) ^ (r & 7)) << 4) + (lane & 3) * 4;
             uint32_t packed;
             if (a.out_dtype == SL_DTYPE_BF16) {
               __nv_bfloat162 v = __floats2bfloat162_rn(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
@@ -269,8 +282,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (lt == 0) {
 #pragma unroll
           for (int b = 0; b < 4; ++b) {
-            if (TGMM) tma_store_3d(&map_c, cbase + b * BOX_BYTES, n0 + 64 * b, m0 + cw * 64, j);
-            else tma_store_2d(&map_c, cbase + b * BOX_BYTES, n0 + 64 * b, m0 + cw * 64);
+            if (TGMM)
+              tma_store_3d(&map_c, cbase + b * BOX_BYTES, n0 + 64 * b, m0 + cw * 64, j);
+            else
+              tma_store_2d(&map_c, cbase + b * BOX_BYTES, n0 + 64 * b, m0 + cw * 64);
           }
           bulk_commit();
         }
@@ -285,7 +300,8 @@ __global__ void __launch_bounds__(THREADS, 1)
               const int col = n0 + i * 8 + (lane & 3) * 2;
               const size_t idx = (size_t)row * a.n + col;
               const float v0 = acc[4 * i + 2 * h], v1 = acc[4 * i + 2 * h + 1];
-              if (pair_ok && col + 1 < a.n) store_out2(out, a.out_dtype, idx, v0, v1);
+              if (pair_ok && col + 1 < a.n)
+                store_out2(out, a.out_dtype, idx, v0, v1);
               else {
                 if (col < a.n) store_out(out, a.out_dtype, idx, v0);
                 if (col + 1 < a.n) store_out(out, a.out_dtype, idx + 1, v1);
@@ -308,8 +324,8 @@ static PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   if (fn == nullptr) {
     void *p = nullptr;
     cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
-            cudaSuccess &&
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
         q == cudaDriverEntryPointSuccess)
       fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
   }
@@ -325,10 +341,11 @@ static bool make_map(CUtensorMap *map, const void *ptr, sl_dtype dt, int rank, c
   cuuint32_t b[3], es[3] = {1, 1, 1};
   for (int i = 0; i < rank; ++i) d[i] = dims[i], b[i] = box[i];
   for (int i = 0; i + 1 < rank; ++i) st[i] = strides_bytes[i];
-  CUresult r = encode(map, dt == SL_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                      (cuuint32_t)rank, const_cast<void *>(ptr), d, st, b, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CUresult r = encode(
+      map, dt == SL_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      (cuuint32_t)rank, const_cast<void *>(ptr), d, st, b, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }
 
@@ -346,7 +363,8 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   bool ok;
   if (TGMM) {
     const uint64_t da[2] = {K, M}, sa[1] = {K * 2}, db[2] = {N, M}, sb[1] = {N * 2};
-    ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, box64) && make_map(&mb, a.rhs, a.in_dtype, 2, db, sb, box64);
+    ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, box64) &&
+         make_map(&mb, a.rhs, a.in_dtype, 2, db, sb, box64);
     if (has_tma_c(VARIANT)) {
       const uint64_t dc[3] = {N, K, GL}, sc[2] = {N * 2, K * N * 2};
       ok = ok && make_map(&mc, a.out, a.out_dtype, 3, dc, sc, box64);
@@ -371,8 +389,10 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   if (!ok) return SL_STATUS_UNSUPPORTED; /* the caller falls back to the portable kernel */
 
   auto kernel = gmm_kernel<T, TGMM, TRANS_B, VARIANT>;
-  const size_t smem = pipe_bytes(VARIANT) + (a.table ? 0 : table_ints(a.num_local_groups) * sizeof(int));
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  const size_t smem =
+      pipe_bytes(VARIANT) + (a.table ? 0 : table_ints(a.num_local_groups) * sizeof(int));
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): %zu bytes of shared memory: %s", smem,
                         cudaGetErrorString(err));
@@ -384,7 +404,8 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   kernel<<<(unsigned)grid, THREADS, smem, stream>>>(ma, mb, mc, a);
   err = cudaGetLastError();
   if (err != cudaSuccess)
-    return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): launch failed: %s", cudaGetErrorString(err));
+    return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): launch failed: %s",
+                        cudaGetErrorString(err));
   return SL_STATUS_SUCCESS;
 }
 
@@ -417,14 +438,17 @@ bool sm90_gmm_supports(const GmmArgs &a, bool tgmm) {
   return true;
 }
 
-sl_status sm90_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t stream, int variant) {
+sl_status sm90_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t stream,
+                          int variant) {
   if (!sm90_gmm_supports(a, tgmm)) return SL_STATUS_UNSUPPORTED;
   if (a.table) {
     const int tiles_n = (a.n + sm90::BN - 1) / sm90::BN, tiles_k = (a.k + sm90::BM - 1) / sm90::BM;
-    sl_status st = table_build_launch(a, tgmm, tgmm ? 0 : sm90::BM, tiles_n, tiles_k * tiles_n, stream);
+    sl_status st =
+        table_build_launch(a, tgmm, tgmm ? 0 : sm90::BM, tiles_n, tiles_k * tiles_n, stream);
     if (st != SL_STATUS_SUCCESS) return st;
   }
-  if (a.in_dtype == SL_DTYPE_BF16) return sm90::launch_t<__nv_bfloat16>(a, tgmm, num_sms, stream, variant);
+  if (a.in_dtype == SL_DTYPE_BF16)
+    return sm90::launch_t<__nv_bfloat16>(a, tgmm, num_sms, stream, variant);
   return sm90::launch_t<__half>(a, tgmm, num_sms, stream, variant);
 }
 

@@ -1,0 +1,373 @@
+"""Grouped GEMM benchmark: sluice gmm/tgmm against torch._grouped_mm, dense cuBLAS and jax ragged_dot.
+
+Run on one GPU (bench/run_gpu.sh does it):
+  python3 bench/bench_gmm.py --part torch --lib build-gpu/libsluice_gpu.so --out torch.json
+  python3 bench/bench_gmm.py --part jax --out jax.json        (a second process: JAX owns its memory)
+  python3 bench/bench_gmm.py --merge torch.json jax.json --md gmm.md --json gmm.json
+
+Shapes and group sizes: bench/shapes.py (BENCHMARKS.md). TFLOP/s = 2*M*K*N / time, M = sum of group
+sizes. Timing: CUDA events, median of --iters runs after warm-up (torch part); the JAX part times
+block_until_ready wall clock, which adds microseconds to calls of tens of milliseconds. Every input
+here is larger than the L2 (50-60 MB), so inputs are not rotated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shapes import DISTRIBUTIONS, SHAPES, group_sizes
+
+SL_DTYPE_BF16 = 1
+
+
+class GmmDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("batch", ctypes.c_int64),
+        ("m", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("n", ctypes.c_int64),
+        ("num_groups", ctypes.c_int64),
+        ("num_local_groups", ctypes.c_int64),
+        ("lhs_dtype", ctypes.c_int),
+        ("rhs_dtype", ctypes.c_int),
+        ("out_dtype", ctypes.c_int),
+        ("transpose_rhs", ctypes.c_int),
+    ]
+
+
+def time_cuda(fns, iters, warmup=3):
+    """Median milliseconds of each callable in `fns`, timed with CUDA events. The callables take
+    turns within every iteration, so clock drift during the run (the dense cuBLAS figure moves by
+    10-20% between runs on H200) hits them all alike and the ratios stay fair."""
+    import torch
+
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    times = {name: [] for name in fns}
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(iters):
+        for name, fn in fns.items():
+            e0.record()
+            fn()
+            e1.record()
+            e1.synchronize()
+            times[name].append(e0.elapsed_time(e1))
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def bench_shape_torch(lib, shape, args):
+    """Rows for one shape (both distributions): sluice, torch._grouped_mm and cuBLAS."""
+    import torch
+
+    dev = torch.device("cuda")
+    m, g, k, n = shape.m, shape.g, shape.k, shape.n
+    torch.manual_seed(0)
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(g, k, n, device=dev, dtype=torch.bfloat16) * 0.02
+    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+    w_dense = torch.randn(k, n, device=dev, dtype=torch.bfloat16) * 0.02
+    out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+    dw = torch.empty(g, k, n, device=dev, dtype=torch.bfloat16)
+    flops = 2.0 * m * k * n
+    desc = GmmDesc(
+        ctypes.sizeof(GmmDesc), 1, m, k, n, g, g, SL_DTYPE_BF16, SL_DTYPE_BF16, SL_DTYPE_BF16, 0
+    )
+    ws = torch.empty(
+        max(lib.sl_gmm_cuda_workspace_size(ctypes.byref(desc)), 16), device=dev, dtype=torch.uint8
+    )
+    stream = torch.cuda.current_stream().cuda_stream
+    rows = []
+    for dist in DISTRIBUTIONS:
+        sizes = group_sizes(shape, dist, seed=args.seed)
+        gs = torch.tensor(sizes, device=dev, dtype=torch.int32)
+        offs = torch.cumsum(gs, 0, dtype=torch.int32)
+
+        def sl_gmm(gs=gs):
+            ptrs = (x.data_ptr(), w.data_ptr(), gs.data_ptr(), None, out.data_ptr(), ws.data_ptr())
+            if lib.sl_gmm_cuda(ctypes.byref(desc), *ptrs, stream) != 0:
+                raise RuntimeError(lib.sl_last_error().decode())
+
+        def sl_tgmm(gs=gs):
+            ptrs = (x.data_ptr(), dy.data_ptr(), gs.data_ptr(), None, dw.data_ptr(), ws.data_ptr())
+            if lib.sl_tgmm_cuda(ctypes.byref(desc), *ptrs, stream) != 0:
+                raise RuntimeError(lib.sl_last_error().decode())
+
+        row = {
+            "shape": shape.name,
+            "dist": dist,
+            "m": m,
+            "g": g,
+            "k": k,
+            "n": n,
+            "sizes_min": int(sizes.min()),
+            "sizes_max": int(sizes.max()),
+        }
+        # correctness against torch on these inputs (the same bf16 operands)
+        sl_gmm()
+        sl_tgmm()
+        torch.cuda.synchronize()
+        try:
+            ref = torch._grouped_mm(x, w, offs=offs)
+            row["gmm_rel_err_vs_torch"] = float(
+                (out.float() - ref.float()).norm() / ref.float().norm()
+            )
+        except Exception as e:  # noqa: BLE001
+            row["gmm_torch_error"] = str(e)[:300]
+        try:
+            ref_dw = torch._grouped_mm(x.t(), dy, offs=offs)
+            row["tgmm_torch_call"] = "x.t(), dy"
+            row["tgmm_rel_err_vs_torch"] = float(
+                (dw.float() - ref_dw.float()).norm() / ref_dw.float().norm()
+            )
+        except Exception as e:  # noqa: BLE001
+            row["tgmm_torch_error_xt"] = str(e)[:200]
+
+        calls = {
+            "sluice_gmm": sl_gmm,
+            "torch_grouped_mm": lambda offs=offs: torch._grouped_mm(x, w, offs=offs),
+            "cublas_dense": lambda: torch.mm(x, w_dense),
+            "sluice_tgmm": sl_tgmm,
+        }
+        if "tgmm_torch_call" in row:
+            calls["torch_grouped_mm_wgrad"] = lambda offs=offs: torch._grouped_mm(
+                x.t(), dy, offs=offs
+            )
+        working = {}
+        for name, fn in calls.items():
+            try:  # one call first: a peer that fails (signature, memory) is recorded, not fatal
+                fn()
+                working[name] = fn
+            except Exception as e:  # noqa: BLE001
+                row.setdefault("errors", {})[name] = str(e)[:300]
+        t = time_cuda(working, args.iters)
+        row["ms"] = t
+        row["tflops"] = {kk: flops / v / 1e9 for kk, v in t.items()}
+        rows.append(row)
+        tf = {kk: round(v, 1) for kk, v in row["tflops"].items()}
+        err = [row.get("gmm_rel_err_vs_torch"), row.get("tgmm_rel_err_vs_torch")]
+        print(json.dumps({"shape": shape.name, "dist": dist, "tflops": tf, "err": err}), flush=True)
+    return rows
+
+
+def part_torch(args):
+    import torch
+
+    lib = ctypes.CDLL(args.lib)
+    for f in ("sl_gmm_cuda", "sl_tgmm_cuda"):
+        getattr(lib, f).restype = ctypes.c_int
+        getattr(lib, f).argtypes = [ctypes.POINTER(GmmDesc)] + [ctypes.c_void_p] * 7
+    lib.sl_last_error.restype = ctypes.c_char_p
+    lib.sl_gmm_cuda_workspace_size.restype = ctypes.c_size_t
+    results = []
+    for shape in SHAPES:
+        results += bench_shape_torch(lib, shape, args)
+        torch.cuda.empty_cache()
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(),
+        "iters": args.iters,
+    }
+    with open(args.out, "w") as f:
+        json.dump({"meta": meta, "rows": results}, f, indent=1)
+
+
+def part_jax(args):
+    import jax
+    import jax.numpy as jnp
+
+    results = []
+    for shape in SHAPES:
+        m, g, k, n = shape.m, shape.g, shape.k, shape.n
+        key = jax.random.PRNGKey(0)
+        k1, k2, k3 = jax.random.split(key, 3)
+        x = jax.random.normal(k1, (m, k), jnp.bfloat16)
+        w = (jax.random.normal(k2, (g, k, n), jnp.bfloat16) * 0.02).astype(jnp.bfloat16)
+        dy = jax.random.normal(k3, (m, n), jnp.bfloat16)
+        flops = 2.0 * m * k * n
+        fwd = jax.jit(lambda x, w, gs: jax.lax.ragged_dot(x, w, gs))
+
+        def wgrad_fn(x, w, gs, dy):
+            _, vjp = jax.vjp(lambda w_: jax.lax.ragged_dot(x, w_, gs), w)
+            return vjp(dy)[0]
+
+        wgrad = jax.jit(wgrad_fn)
+        for dist in DISTRIBUTIONS:
+            gs = jnp.asarray(group_sizes(shape, dist, seed=args.seed))
+            row = {"shape": shape.name, "dist": dist, "ms": {}, "tflops": {}, "errors": {}}
+            for name, fn, fargs in (
+                ("ragged_dot", fwd, (x, w, gs)),
+                ("ragged_dot_wgrad", wgrad, (x, w, gs, dy)),
+            ):
+                try:
+                    fn(*fargs).block_until_ready()
+                    times = []
+                    for _ in range(args.jax_iters):
+                        t0 = time.perf_counter()
+                        fn(*fargs).block_until_ready()
+                        times.append((time.perf_counter() - t0) * 1e3)
+                    ms = statistics.median(times)
+                    row["ms"][name] = ms
+                    row["tflops"][name] = flops / ms / 1e9
+                except Exception as e:  # noqa: BLE001  (out of memory is a result here)
+                    row["errors"][name] = str(e).splitlines()[0][:300]
+            results.append(row)
+            print(
+                json.dumps(
+                    {
+                        "shape": shape.name,
+                        "dist": dist,
+                        "tflops": {kk: round(v, 1) for kk, v in row["tflops"].items()},
+                        "errors": row["errors"],
+                    }
+                ),
+                flush=True,
+            )
+        del x, w, dy
+    meta = {"jax": jax.__version__, "jax_devices": str(jax.devices()), "jax_iters": args.jax_iters}
+    with open(args.out, "w") as f:
+        json.dump({"meta": meta, "rows": results}, f, indent=1)
+
+
+def merge(args):
+    with open(args.merge[0]) as f:
+        tj = json.load(f)
+    jj = None
+    if len(args.merge) > 1 and os.path.exists(args.merge[1]):
+        with open(args.merge[1]) as f:
+            jj = json.load(f)
+    jrows = {(r["shape"], r["dist"]): r for r in (jj["rows"] if jj else [])}
+    rows = []
+    for r in tj["rows"]:
+        j = jrows.get((r["shape"], r["dist"]), {})
+        tf = dict(r["tflops"])
+        tf.update(j.get("tflops", {}))
+        rows.append({**r, "tflops": tf, "jax_errors": j.get("errors", {})})
+
+    def ratio(row, a, b):
+        return (
+            row["tflops"][a] / row["tflops"][b]
+            if b in row["tflops"] and a in row["tflops"]
+            else None
+        )
+
+    lines = [
+        f"# Grouped GEMM benchmark ({tj['meta']['date'][:10]})",
+        "",
+        f"Device: {tj['meta']['device']}; torch {tj['meta']['torch']} (CUDA {tj['meta']['cuda']})"
+        + (f"; jax {jj['meta']['jax']}" if jj else "; jax part not run")
+        + ".",
+        (
+            f"bf16 in, f32 accumulate, bf16 out. TFLOP/s = 2*M*K*N/time; CUDA-event median of "
+            f"{tj['meta']['iters']} runs, implementations interleaved within each run (JAX: "
+            f"wall-clock median of {jj['meta'].get('jax_iters', '-') if jj else '-'})."
+        ),
+        "Produced by bench/run_gpu.sh (bench/bench_gmm.py, shapes from bench/shapes.py).",
+        "",
+        (
+            "| shape | sizes | sluice gmm | torch grouped_mm | cuBLAS dense | ragged_dot | gmm/torch "
+            "| gmm/cuBLAS | gmm/ragged_dot | sluice tgmm | torch wgrad | ragged_dot wgrad | tgmm/torch "
+            "| tgmm/ragged_dot |"
+        ),
+        "|" + "---|" * 14,
+    ]
+
+    def fmt(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    def fr(v):
+        return "-" if v is None else f"{v:.2f}x"
+
+    agg = {"gmm/torch": [], "gmm/cublas": [], "gmm/ragged": [], "tgmm/torch": [], "tgmm/ragged": []}
+    for r in rows:
+        t = r["tflops"]
+        rs = {
+            "gmm/torch": ratio(r, "sluice_gmm", "torch_grouped_mm"),
+            "gmm/cublas": ratio(r, "sluice_gmm", "cublas_dense"),
+            "gmm/ragged": ratio(r, "sluice_gmm", "ragged_dot"),
+            "tgmm/torch": ratio(r, "sluice_tgmm", "torch_grouped_mm_wgrad"),
+            "tgmm/ragged": ratio(r, "sluice_tgmm", "ragged_dot_wgrad"),
+        }
+        for kk, v in rs.items():
+            if v is not None:
+                agg[kk].append(v)
+        rd_wgrad = fmt(t.get("ragged_dot_wgrad"))
+        if "ragged_dot_wgrad" in r["jax_errors"]:
+            rd_wgrad = "OOM" if "memory" in r["jax_errors"]["ragged_dot_wgrad"].lower() else "error"
+        lines.append(
+            f"| {r['shape']} | {r['dist']} ({r['sizes_min']}..{r['sizes_max']}) | {fmt(t.get('sluice_gmm'))} | "
+            f"{fmt(t.get('torch_grouped_mm'))} | {fmt(t.get('cublas_dense'))} | {fmt(t.get('ragged_dot'))} | "
+            f"{fr(rs['gmm/torch'])} | {fr(rs['gmm/cublas'])} | {fr(rs['gmm/ragged'])} | "
+            f"{fmt(t.get('sluice_tgmm'))} | {fmt(t.get('torch_grouped_mm_wgrad'))} | {rd_wgrad} | "
+            f"{fr(rs['tgmm/torch'])} | {fr(rs['tgmm/ragged'])} |"
+        )
+    lines += ["", "| ratio | median | min | max | cases |", "|---|---|---|---|---|"]
+    summary = {}
+    for kk, v in agg.items():
+        if v:
+            summary[kk] = {
+                "median": statistics.median(v),
+                "min": min(v),
+                "max": max(v),
+                "cases": len(v),
+            }
+            lines.append(
+                f"| {kk} | {statistics.median(v):.2f}x | {min(v):.2f}x | {max(v):.2f}x | {len(v)} |"
+            )
+    lines += [
+        "",
+        (
+            "Max relative error vs torch._grouped_mm on the same inputs: gmm "
+            f"{max(r.get('gmm_rel_err_vs_torch', 0) for r in rows):.2e}, tgmm "
+            f"{max(r.get('tgmm_rel_err_vs_torch', 0) or 0 for r in rows):.2e}."
+        ),
+    ]
+    jerr = {f"{r['shape']}/{r['dist']}/{kk}": v for r in rows for kk, v in r["jax_errors"].items()}
+    if jerr:
+        lines += ["", "JAX failures:"] + [f"- {kk}: {v}" for kk, v in jerr.items()]
+    with open(args.md, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    meta = {**tj["meta"], **(jj["meta"] if jj else {})}
+    with open(args.json, "w") as f:
+        json.dump({"meta": meta, "rows": rows, "summary": summary}, f, indent=1)
+    print("\n".join(lines))
+
+
+def main():
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--part", choices=["torch", "jax"])
+    p.add_argument("--lib", default="build-gpu/libsluice_gpu.so")
+    p.add_argument("--out", default="bench.json")
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--jax-iters", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--merge", nargs="+")
+    p.add_argument("--md", default="gmm.md")
+    p.add_argument("--json", default="gmm.json")
+    args = p.parse_args()
+    if args.merge:
+        merge(args)
+    elif args.part == "torch":
+        part_torch(args)
+    elif args.part == "jax":
+        part_jax(args)
+    else:
+        p.error("give --part or --merge")
+
+
+if __name__ == "__main__":
+    main()

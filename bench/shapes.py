@@ -1,0 +1,42 @@
+"""The one list of grouped GEMM benchmark shapes (BENCHMARKS.md), shared by tests and benchmarks.
+
+Each shape is (name, M rows, G experts, K, N); group sizes come from `group_sizes`:
+numpy.random.default_rng(seed).multinomial(M, p) with p uniform ("uniform") or Dirichlet(0.3)
+("skewed": some experts near empty, one several times the mean).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Shape(NamedTuple):
+    name: str
+    m: int
+    g: int
+    k: int
+    n: int
+
+
+SHAPES: tuple[Shape, ...] = (
+    Shape("dsv3-gateup-ep8", 32768, 32, 7168, 4096),
+    Shape("dsv3-down-ep8", 32768, 32, 2048, 7168),
+    Shape("mixtral-up", 16384, 8, 4096, 14336),
+    Shape("qwen3-30b-up", 65536, 128, 2048, 1536),
+)
+
+DISTRIBUTIONS: tuple[str, ...] = ("uniform", "skewed")
+
+
+def group_sizes(shape: Shape, distribution: str, seed: int = 0) -> np.ndarray:
+    """int32 [G] group sizes summing to shape.m."""
+    rng = np.random.default_rng(seed)
+    if distribution == "uniform":
+        p = np.full(shape.g, 1.0 / shape.g)
+    elif distribution == "skewed":
+        p = rng.dirichlet(np.full(shape.g, 0.3))
+    else:
+        raise ValueError(f"unknown distribution {distribution!r}")
+    return rng.multinomial(shape.m, p).astype(np.int32)

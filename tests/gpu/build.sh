@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds the CUDA kernels with nvcc directly (no CMake needed) into $BUILD (default build-gpu/):
+#   test_gmm           the GPU test binary (tests/gpu/test_gmm.cu)
+#   libsluice_gpu.so   core + CUDA kernels, for bench/bench_gmm.py (ctypes)
+#   gmm, tgmm          the dev harnesses (dev/cuda/*.cu)
+# Objects build in parallel; ptxas resource reports go to $BUILD/ptxas-*.log.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build-gpu}
+mkdir -p "$BUILD"
+ARCH="-gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80"
+NVCC="nvcc -O3 -std=c++17 -lineinfo $ARCH -Iinclude -Icsrc/core -Xcompiler -fPIC"
+pids=()
+for f in status gmm_cpu; do
+  gcc -O2 -fPIC -fopenmp -Iinclude -Icsrc/core -c csrc/core/$f.c -o "$BUILD/$f.o" & pids+=($!)
+done
+for f in gmm_launch sm80_gmm sm90_gmm; do
+  $NVCC -Xptxas -v -c csrc/cuda/$f.cu -o "$BUILD/$f.o" >"$BUILD/ptxas-$f.log" 2>&1 & pids+=($!)
+done
+$NVCC -c tests/gpu/test_gmm.cu -o "$BUILD/test_gmm.o" & pids+=($!)
+if [ "${DEV:-1}" = 1 ]; then
+  for h in gmm tgmm; do
+    $NVCC -c dev/cuda/$h.cu -o "$BUILD/dev_$h.o" & pids+=($!)
+  done
+fi
+fail=0
+for p in "${pids[@]}"; do wait "$p" || fail=1; done
+if [ $fail != 0 ]; then cat "$BUILD"/ptxas-*.log | grep -i -B2 -A2 error; exit 1; fi
+LIBOBJS="$BUILD/status.o $BUILD/gmm_cpu.o $BUILD/gmm_launch.o $BUILD/sm80_gmm.o $BUILD/sm90_gmm.o"
+nvcc $ARCH -shared -o "$BUILD/libsluice_gpu.so" $LIBOBJS -lgomp
+nvcc $ARCH -o "$BUILD/test_gmm" "$BUILD/test_gmm.o" -L"$BUILD" -lsluice_gpu -Xlinker -rpath,'$ORIGIN'
+if [ "${DEV:-1}" = 1 ]; then
+  for h in gmm tgmm; do
+    nvcc $ARCH -o "$BUILD/$h" "$BUILD/dev_$h.o" "$BUILD/status.o" "$BUILD/gmm_cpu.o" -lgomp
+  done
+fi
+echo "built $BUILD/test_gmm $BUILD/libsluice_gpu.so"

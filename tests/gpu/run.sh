@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One command for the GPU test suite on a GPU machine: build (tests/gpu/build.sh), then
+#   1. every case plain (public API and the portable kernel, against a float64 reference)
+#   2. compute-sanitizer memcheck and racecheck on a covering subset (--quick)
+#   3. SLUICE_DEBUG=1: bad device sizes must come back as SL_STATUS_INVALID_VALUE
+# BUILD=dir picks the build folder (default build-gpu); SKIP_BUILD=1 reuses what is there.
+# Logs go to $LOGS (default $BUILD/logs). Exit status: number of failed steps.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export BUILD=${BUILD:-build-gpu}
+LOGS=${LOGS:-$BUILD/logs}
+mkdir -p "$LOGS"
+if [ "${SKIP_BUILD:-0}" != 1 ] || [ ! -x "$BUILD/test_gmm" ]; then
+  tests/gpu/build.sh >"$LOGS/build.log" 2>&1 || { tail -30 "$LOGS/build.log"; exit 1; }
+fi
+T=${TEST_TIMEOUT:-300}
+fails=0
+step() { # name, command...
+  local name=$1; shift
+  timeout "$T" "$@" >"$LOGS/$name.log" 2>&1
+  local rc=$?
+  printf '%-10s rc=%-3d %s\n' "$name" "$rc" "$(tail -1 "$LOGS/$name.log")"
+  [ $rc = 0 ] || fails=$((fails + 1))
+}
+step plain "$BUILD/test_gmm"
+step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_gmm" --quick
+step racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$BUILD/test_gmm" --quick
+step debug env SLUICE_DEBUG=1 "$BUILD/test_gmm" --debug
+grep -h "^FAIL" "$LOGS"/plain.log | head -20
+exit $fails

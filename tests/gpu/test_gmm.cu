@@ -1,0 +1,400 @@
+/* GPU tests of sl_gmm_cuda / sl_tgmm_cuda against a float64 CPU reference.
+ *
+ *   tests/gpu/run.sh            builds this and runs it plain, under compute-sanitizer memcheck and
+ *                               racecheck, and with SLUICE_DEBUG=1.
+ *   ./test_gmm [--quick] [--debug]
+ *
+ * Every case draws fresh random inputs, poisons the output with 0xFF bytes (NaN in every float
+ * type) so unwritten elements fail, and checks ||out - ref|| / ||ref|| (< 1e-2 for 16-bit outputs,
+ * < 1e-4 for f32) plus "rows outside local groups are exactly zero" and "no NaN anywhere".
+ * Each case runs through the public API (the sm_90 kernel on Hopper) and through the portable
+ * mma.sync kernel directly, so both paths are tested on one GPU. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../../csrc/cuda/gmm_common.cuh"
+#include "sluice.h"
+
+#define CUDA_OK(x)                                                                        \
+  do {                                                                                    \
+    cudaError_t e_ = (x);                                                                 \
+    if (e_ != cudaSuccess) {                                                              \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      exit(2);                                                                            \
+    }                                                                                     \
+  } while (0)
+
+static std::mt19937_64 rng(1234);
+
+static uint16_t to_bits(float v, sl_dtype t) {
+  if (t == SL_DTYPE_BF16) {
+    __nv_bfloat16 b = __float2bfloat16_rn(v);
+    uint16_t u;
+    memcpy(&u, &b, 2);
+    return u;
+  }
+  __half h = __float2half_rn(v);
+  uint16_t u;
+  memcpy(&u, &h, 2);
+  return u;
+}
+static double from_bits(const void *p, size_t i, sl_dtype t) {
+  if (t == SL_DTYPE_F32) return ((const float *)p)[i];
+  uint16_t u = ((const uint16_t *)p)[i];
+  if (t == SL_DTYPE_BF16) {
+    uint32_t w = (uint32_t)u << 16;
+    float f;
+    memcpy(&f, &w, 4);
+    return f;
+  }
+  __half h;
+  memcpy(&h, &u, 2);
+  return __half2float(h);
+}
+
+/* Random tensor in dtype t; returns the host bytes and the exact values as doubles. */
+static void random_tensor(size_t n, sl_dtype t, std::vector<uint8_t> &bytes,
+                          std::vector<double> &vals) {
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const size_t es = t == SL_DTYPE_F32 ? 4 : 2;
+  bytes.resize(n * es);
+  vals.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    float v = u(rng);
+    if (t == SL_DTYPE_F32)
+      memcpy(&bytes[i * 4], &v, 4);
+    else {
+      uint16_t b = to_bits(v, t);
+      memcpy(&bytes[i * 2], &b, 2);
+    }
+    vals[i] = from_bits(bytes.data(), i, t);
+  }
+}
+
+struct Case {
+  std::string name;
+  bool tgmm = false;
+  int batch = 1, m = 0, k = 0, n = 0, g = 1, gl = 1;
+  std::vector<std::vector<int>> sizes; /* per batch, length g */
+  std::vector<int> offsets;            /* per batch; empty = NULL pointer */
+  sl_dtype in = SL_DTYPE_BF16, out = SL_DTYPE_BF16;
+  int transpose = 0;
+};
+
+/* The clamped semantics of sluice.h: negative sizes are 0, rows clamp to [0, M), offset to [0,
+ * G-GL]. */
+static void clamped_ranges(const Case &c, int b, std::vector<long long> &start,
+                           std::vector<long long> &end, int &off) {
+  off = c.offsets.empty() ? 0 : c.offsets[b];
+  off = off < 0 ? 0 : (off > c.g - c.gl ? c.g - c.gl : off);
+  start.assign(c.g, 0);
+  end.assign(c.g, 0);
+  long long p = 0;
+  for (int g = 0; g < c.g; ++g) {
+    long long s = c.sizes[b][g] < 0 ? 0 : c.sizes[b][g];
+    start[g] = p < c.m ? p : c.m;
+    end[g] = p + s < c.m ? p + s : c.m;
+    p += s;
+  }
+}
+
+static int g_failures = 0, g_cases = 0;
+
+enum Path { PATH_API, PATH_SM80 };
+
+static bool run_case(const Case &c, Path path, void *workspace, size_t ws_bytes) {
+  ++g_cases;
+  const size_t B = c.batch, M = c.m, K = c.k, N = c.n, G = c.g, GL = c.gl;
+  const size_t lhs_n = B * M * K, rhs_n = c.tgmm ? B * M * N : B * GL * K * N;
+  const size_t out_n = c.tgmm ? B * GL * K * N : B * M * N;
+  std::vector<uint8_t> lhs_b, rhs_b;
+  std::vector<double> lhs, rhs;
+  random_tensor(lhs_n, c.in, lhs_b, lhs);
+  random_tensor(rhs_n, c.in, rhs_b, rhs);
+  std::vector<int32_t> sizes(B * G), offs(B);
+  for (size_t b = 0; b < B; ++b) {
+    for (size_t g = 0; g < G; ++g) sizes[b * G + g] = c.sizes[b][g];
+    offs[b] = c.offsets.empty() ? 0 : c.offsets[b];
+  }
+  const size_t out_es = sluice_cuda::dtype_bytes(c.out);
+  void *d_lhs, *d_rhs, *d_out;
+  int32_t *d_sizes, *d_offs = nullptr;
+  CUDA_OK(cudaMalloc(&d_lhs, lhs_b.size() + 16));
+  CUDA_OK(cudaMalloc(&d_rhs, rhs_b.size() + 16));
+  CUDA_OK(cudaMalloc(&d_out, out_n * out_es + 16));
+  CUDA_OK(cudaMalloc(&d_sizes, sizes.size() * 4 + 4));
+  CUDA_OK(cudaMemcpy(d_lhs, lhs_b.data(), lhs_b.size(), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_rhs, rhs_b.data(), rhs_b.size(), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_sizes, sizes.data(), sizes.size() * 4, cudaMemcpyHostToDevice));
+  if (!c.offsets.empty()) {
+    CUDA_OK(cudaMalloc(&d_offs, B * 4));
+    CUDA_OK(cudaMemcpy(d_offs, offs.data(), B * 4, cudaMemcpyHostToDevice));
+  }
+  CUDA_OK(cudaMemset(d_out, 0xFF, out_n * out_es)); /* poison: NaN */
+
+  sl_gmm_desc d = sl_gmm_desc_default();
+  d.batch = B, d.m = M, d.k = K, d.n = N, d.num_groups = G, d.num_local_groups = GL;
+  d.lhs_dtype = d.rhs_dtype = c.in;
+  d.out_dtype = c.out;
+  d.transpose_rhs = c.transpose;
+  sl_status st = SL_STATUS_SUCCESS;
+  if (path == PATH_API) {
+    st = c.tgmm ? sl_tgmm_cuda(&d, d_lhs, d_rhs, d_sizes, d_offs, d_out, workspace, nullptr)
+                : sl_gmm_cuda(&d, d_lhs, d_rhs, d_sizes, d_offs, d_out, workspace, nullptr);
+  } else {
+    const size_t es = sluice_cuda::dtype_bytes(c.in);
+    int sms = 0;
+    CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    for (size_t b = 0; b < B && st == SL_STATUS_SUCCESS; ++b) {
+      sluice_cuda::GmmArgs a;
+      a.lhs = (char *)d_lhs + b * M * K * es;
+      a.rhs = (char *)d_rhs + b * (c.tgmm ? M * N : GL * K * N) * es;
+      a.out = (char *)d_out + b * (c.tgmm ? GL * K * N : M * N) * out_es;
+      a.group_sizes = d_sizes + b * G;
+      a.group_offset = d_offs ? d_offs + b : nullptr;
+      a.table = GL > (size_t)sluice_cuda::kSmemTableMaxGroups ? (int *)workspace : nullptr;
+      a.m = M, a.k = K, a.n = N, a.num_groups = G, a.num_local_groups = GL;
+      a.in_dtype = c.in, a.out_dtype = c.out, a.transpose_rhs = c.transpose;
+      st = sluice_cuda::sm80_gmm_launch(a, c.tgmm, sms, nullptr);
+    }
+  }
+  cudaError_t err = cudaDeviceSynchronize();
+  std::vector<uint8_t> out(out_n * out_es);
+  CUDA_OK(cudaMemcpy(out.data(), d_out, out.size(), cudaMemcpyDeviceToHost));
+  cudaFree(d_lhs), cudaFree(d_rhs), cudaFree(d_out), cudaFree(d_sizes);
+  if (d_offs) cudaFree(d_offs);
+  const char *pname = path == PATH_API ? "api" : "sm80";
+  if (st != SL_STATUS_SUCCESS || err != cudaSuccess) {
+    printf("FAIL %-40s [%s] status %s (%s) cuda %s\n", c.name.c_str(), pname, sl_status_string(st),
+           sl_last_error(), cudaGetErrorString(err));
+    ++g_failures;
+    if (err != cudaSuccess) exit(1); /* the context is gone */
+    return false;
+  }
+
+  /* float64 reference with the clamped semantics, compared batch by batch. */
+  double num = 0, den = 0;
+  size_t nan_count = 0, nonzero_outside = 0;
+  for (size_t b = 0; b < B; ++b) {
+    std::vector<long long> start, end;
+    int off;
+    clamped_ranges(c, (int)b, start, end, off);
+    const double *L = &lhs[b * M * K];
+    const double *R = &rhs[b * (c.tgmm ? M * N : GL * K * N)];
+    const size_t ob = b * (c.tgmm ? GL * K * N : M * N);
+    std::vector<double> ref(c.tgmm ? GL * K * N : M * N, 0.0);
+    std::vector<char> inside(M, 0);
+    for (size_t j = 0; j < GL; ++j) {
+      const long long s = start[off + j], e = end[off + j];
+      if (c.tgmm) {
+        for (long long r = s; r < e; ++r)
+          for (size_t kk = 0; kk < K; ++kk) {
+            const double l = L[r * K + kk];
+            double *o = &ref[(j * K + kk) * N];
+            const double *rr = &R[r * N];
+            for (size_t nn = 0; nn < N; ++nn) o[nn] += l * rr[nn];
+          }
+      } else {
+        const double *W = &R[j * K * N];
+        for (long long r = s; r < e; ++r) {
+          inside[r] = 1;
+          double *o = &ref[r * N];
+          for (size_t kk = 0; kk < K; ++kk) {
+            const double l = L[r * K + kk];
+            if (c.transpose)
+              for (size_t nn = 0; nn < N; ++nn) o[nn] += l * W[nn * K + kk];
+            else
+              for (size_t nn = 0; nn < N; ++nn) o[nn] += l * W[kk * N + nn];
+          }
+        }
+      }
+    }
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double v = from_bits(out.data(), ob + i, c.out);
+      if (v != v) {
+        ++nan_count;
+        continue;
+      }
+      num += (v - ref[i]) * (v - ref[i]);
+      den += ref[i] * ref[i];
+      if (!c.tgmm && !inside[i / N] && v != 0.0) ++nonzero_outside;
+    }
+  }
+  const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+  const double tol = c.out == SL_DTYPE_F32 && c.in == SL_DTYPE_F32 ? 1e-4 : 1e-2;
+  const bool ok = nan_count == 0 && nonzero_outside == 0 && rel < tol;
+  printf("%s %-40s [%s] rel %.2e nan %zu nonzero-outside %zu\n", ok ? "ok  " : "FAIL",
+         c.name.c_str(), pname, rel, nan_count, nonzero_outside);
+  if (!ok) ++g_failures;
+  return ok;
+}
+
+/* Group sizes that sum to `total`, drawn uniformly (multinomial-like). */
+static std::vector<int> random_sizes(int g, int total) {
+  std::vector<int> s(g, 0);
+  std::uniform_int_distribution<int> pick(0, g - 1);
+  for (int i = 0; i < total; ++i) s[pick(rng)]++;
+  return s;
+}
+
+static Case make(const std::string &name, bool tgmm, int m, int k, int n, std::vector<int> sizes,
+                 int gl = -1, int off = -1) {
+  Case c;
+  c.name = name;
+  c.tgmm = tgmm;
+  c.m = m, c.k = k, c.n = n;
+  c.g = (int)sizes.size();
+  c.gl = gl < 0 ? c.g : gl;
+  c.sizes = {sizes};
+  if (off >= 0) c.offsets = {off};
+  return c;
+}
+
+int main(int argc, char **argv) {
+  bool quick = false, debug = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--quick")) quick = true;
+    if (!strcmp(argv[i], "--debug")) debug = true;
+  }
+  cudaDeviceProp prop;
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
+         prop.multiProcessorCount);
+  if (!sl_has_cuda()) {
+    printf("FAIL sl_has_cuda() == 0\n");
+    return 1;
+  }
+  void *ws = nullptr;
+  CUDA_OK(cudaMalloc(&ws, 1 << 20));
+
+  if (debug) {
+    /* SLUICE_DEBUG=1: bad device sizes are reported as SL_STATUS_INVALID_VALUE after the kernel. */
+    int bad = 0;
+    for (int tg = 0; tg < 2; ++tg) {
+      for (int which = 0; which < 3; ++which) {
+        Case c = make("debug", tg, 256, 64, 64, {100, which == 0 ? -5 : 100, which == 1 ? 500 : 20},
+                      2, which == 2 ? 7 : 0);
+        std::vector<uint8_t> lb, rb;
+        std::vector<double> lv, rv;
+        random_tensor(256 * 64, SL_DTYPE_BF16, lb, lv);
+        void *dl, *dr, *dout;
+        int32_t *ds, *doff;
+        CUDA_OK(cudaMalloc(&dl, 256 * 64 * 2));
+        CUDA_OK(cudaMalloc(&dr, 3 * 256 * 64 * 2));
+        CUDA_OK(cudaMalloc(&dout, 3 * 256 * 64 * 4));
+        CUDA_OK(cudaMalloc(&ds, 12));
+        CUDA_OK(cudaMalloc(&doff, 4));
+        CUDA_OK(cudaMemcpy(ds, c.sizes[0].data(), 12, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(doff, &c.offsets[0], 4, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemset(dl, 0, 256 * 64 * 2));
+        CUDA_OK(cudaMemset(dr, 0, 3 * 256 * 64 * 2));
+        sl_gmm_desc d = sl_gmm_desc_default();
+        d.m = 256, d.k = 64, d.n = 64, d.num_groups = 3, d.num_local_groups = 2;
+        d.lhs_dtype = d.rhs_dtype = d.out_dtype = SL_DTYPE_BF16;
+        sl_status st = tg ? sl_tgmm_cuda(&d, dl, dr, ds, doff, dout, ws, nullptr)
+                          : sl_gmm_cuda(&d, dl, dr, ds, doff, dout, ws, nullptr);
+        const bool ok = st == SL_STATUS_INVALID_VALUE;
+        printf("%s debug %s case %d: %s (%s)\n", ok ? "ok  " : "FAIL", tg ? "tgmm" : "gmm", which,
+               sl_status_string(st), sl_last_error());
+        bad += !ok;
+        cudaFree(dl), cudaFree(dr), cudaFree(dout), cudaFree(ds), cudaFree(doff);
+      }
+    }
+    printf("%s: %d debug failures\n", bad ? "FAILED" : "PASSED", bad);
+    return bad ? 1 : 0;
+  }
+
+  std::vector<Case> cases;
+  for (int tg = 0; tg < 2; ++tg) {
+    const char *op = tg ? "tgmm" : "gmm";
+    auto nm = [&](const char *s) { return std::string(op) + " " + s; };
+    cases.push_back(make(nm("one group, tile multiples"), tg, 256, 256, 512, {256}));
+    cases.push_back(make(nm("odd edges M/K/N"), tg, 777, 200, 328, random_sizes(5, 777)));
+    cases.push_back(make(nm("one-row groups"), tg, 64, 136, 264, std::vector<int>(64, 1)));
+    cases.push_back(make(nm("empty first/middle/last"), tg, 900, 192, 256, {0, 300, 0, 0, 600, 0}));
+    cases.push_back(make(nm("sum < M"), tg, 1000, 128, 256, {100, 200, 300}));
+    cases.push_back(make(nm("G=256 random"), tg, 3000, 128, 136, random_sizes(256, 2900)));
+    cases.push_back(
+        make(nm("group_offset 3 of 8, 4 local"), tg, 1200, 64, 256, random_sizes(8, 1100), 4, 3));
+    cases.push_back(
+        make(nm("negative + sum > M (clamped)"), tg, 700, 64, 264, {300, -40, 250, 400, 100}));
+    cases.push_back(
+        make(nm("offset out of range (clamped)"), tg, 600, 64, 128, random_sizes(6, 600), 2, 99));
+    cases.push_back(
+        make(nm("K,N not multiple of 8 (slow path)"), tg, 333, 77, 101, random_sizes(4, 330)));
+    cases.push_back(make(nm("G_local=300 > smem table (workspace)"), tg, 2000, 64, 128,
+                         random_sizes(300, 2000)));
+    {
+      Case c = make(nm("f16 in, f32 out"), tg, 1000, 320, 384, random_sizes(7, 1000));
+      c.in = SL_DTYPE_F16, c.out = SL_DTYPE_F32;
+      cases.push_back(c);
+    }
+    {
+      Case c = make(nm("bf16 in, f16 out"), tg, 500, 128, 256, random_sizes(3, 480));
+      c.out = SL_DTYPE_F16;
+      cases.push_back(c);
+    }
+    {
+      Case c = make(nm("f32 in/out (naive)"), tg, 300, 40, 72, random_sizes(3, 290));
+      c.in = c.out = SL_DTYPE_F32;
+      cases.push_back(c);
+    }
+    {
+      Case c = make(nm("batch 3 with offsets"), tg, 500, 128, 256, random_sizes(6, 500), 3, 0);
+      c.batch = 3;
+      c.sizes = {random_sizes(6, 500), random_sizes(6, 450), {0, 0, 500, 0, 0, 0}};
+      c.offsets = {0, 2, 3};
+      cases.push_back(c);
+    }
+    {
+      Case c = make(nm("K=0"), tg, 128, 0, 64, {64, 64});
+      if (!tg) cases.push_back(c);
+    }
+    if (!tg) {
+      Case c = make("gmm transpose_rhs", false, 1000, 264, 384, random_sizes(5, 990));
+      c.transpose = 1;
+      cases.push_back(c);
+      Case c2 = make("gmm transpose_rhs odd edges", false, 517, 136, 300, random_sizes(9, 517));
+      c2.transpose = 1;
+      cases.push_back(c2);
+      Case c3 =
+          make("gmm transpose_rhs K odd (slow path)", false, 200, 99, 130, random_sizes(3, 200));
+      c3.transpose = 1;
+      cases.push_back(c3);
+    }
+    if (!quick) {
+      cases.push_back(make(nm("larger skew"), tg, 4096, 512, 768, {3000, 0, 10, 1, 1085}));
+      std::vector<int> sz(16);
+      for (int g = 0; g < 16; ++g) sz[g] = (g % 3 == 0) ? 0 : 97 * g;
+      int tot = 0;
+      for (int v : sz) tot += v;
+      cases.push_back(make(nm("16 groups mixed"), tg, tot + 37, 384, 512, sz));
+    }
+  }
+  if (quick) { /* the sanitizers are slow: a few cases that cover every kernel branch */
+    std::vector<Case> keep;
+    for (const Case &c : cases)
+      if (c.name.find("odd edges") != std::string::npos ||
+          c.name.find("empty first") != std::string::npos ||
+          c.name.find("workspace") != std::string::npos)
+        keep.push_back(c);
+    cases = keep;
+  }
+  for (const Case &c : cases) {
+    run_case(c, PATH_API, ws, 1 << 20);
+    if (c.in != SL_DTYPE_F32) run_case(c, PATH_SM80, ws, 1 << 20);
+  }
+  cudaFree(ws);
+  printf("%s: %d of %d checks failed\n", g_failures ? "FAILED" : "PASSED", g_failures, g_cases);
+  return g_failures ? 1 : 0;
+}
