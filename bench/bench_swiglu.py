@@ -1,0 +1,98 @@
+"""A full jax.grad of a SwiGLU expert block (gate, up, down: three grouped matmuls forward, six
+backward) through sluice.gmm against the same through jax.lax.ragged_dot, on one GPU, under jit.
+
+FLOPs per step = 3 matmuls x 3 (forward, d input, d weight) x 2*M*H*F = 18*M*H*F.
+Timed with block_until_ready around each call, median of --reps after a warm-up."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import sluice
+
+SHAPES = {  # name: (M rows, G experts, H hidden, F expert ffn)
+    "dsv3-ep8": (32768, 32, 7168, 2048),
+    "mixtral": (16384, 8, 4096, 14336),
+    "qwen3-30b": (65536, 128, 2048, 768),
+}
+
+
+def block(mm, x, wg, wu, wd, gs):
+    h = mm(x, wg, gs)
+    u = mm(x, wu, gs)
+    a = (jax.nn.silu(h.astype(jnp.float32)) * u.astype(jnp.float32)).astype(x.dtype)
+    return mm(a, wd, gs)
+
+
+def loss(mm):
+    return lambda x, wg, wu, wd, gs, cot: jnp.sum(
+        block(mm, x, wg, wu, wd, gs).astype(jnp.float32) * cot)
+
+
+def timeit(f, args, reps):
+    jax.block_until_ready(f(*args))
+    jax.block_until_ready(f(*args))
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    rng = np.random.default_rng(0)
+    dev = jax.devices()[0]
+    results = {"device": dev.device_kind, "jax": jax.__version__,
+               "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cases": []}
+    print(f"{'shape':12s} {'dist':8s} {'sluice ms':>10s} {'ragged ms':>10s} {'sluice TF/s':>12s} "
+          f"{'ragged TF/s':>12s} {'speed-up':>9s} {'grad rel err':>12s}")
+    for name, (m, g, h, f) in SHAPES.items():
+        for dist in ("uniform", "skewed"):
+            pr = rng.dirichlet(np.full(g, 0.3)) if dist == "skewed" else np.full(g, 1 / g)
+            gs = jnp.asarray(rng.multinomial(m, pr), jnp.int32)
+            bf = jnp.bfloat16
+            x = jnp.asarray(rng.standard_normal((m, h)), bf)
+            wg = jnp.asarray(rng.standard_normal((g, h, f)) / np.sqrt(h), bf)
+            wu = jnp.asarray(rng.standard_normal((g, h, f)) / np.sqrt(h), bf)
+            wd = jnp.asarray(rng.standard_normal((g, f, h)) / np.sqrt(f), bf)
+            cot = jnp.asarray(rng.standard_normal((m, h)), jnp.float32)
+            a = (x, wg, wu, wd, gs, cot)
+            gs_f = jax.jit(jax.grad(loss(sluice.gmm), argnums=(0, 1, 2, 3)))
+            rd_f = jax.jit(jax.grad(loss(jax.lax.ragged_dot), argnums=(0, 1, 2, 3)))
+            flops = 18.0 * m * h * f
+            t_s = timeit(gs_f, a, args.reps)
+            case = {"shape": name, "dist": dist, "m": m, "g": g, "h": h, "f": f,
+                    "sluice_ms": t_s * 1e3, "sluice_tflops": flops / t_s / 1e12}
+            try:
+                t_r = timeit(rd_f, a, max(3, args.reps // 3))
+                ga, gb = gs_f(*a), rd_f(*a)
+                err = max(float(jnp.linalg.norm((u.astype(jnp.float32) - v.astype(jnp.float32)))
+                                / jnp.linalg.norm(v.astype(jnp.float32))) for u, v in zip(ga, gb))
+                case.update(ragged_ms=t_r * 1e3, ragged_tflops=flops / t_r / 1e12,
+                            speedup=t_r / t_s, grad_rel_err=err)
+                print(f"{name:12s} {dist:8s} {t_s*1e3:10.2f} {t_r*1e3:10.2f} "
+                      f"{flops/t_s/1e12:12.1f} {flops/t_r/1e12:12.1f} {t_r/t_s:8.1f}x {err:12.2e}")
+            except Exception as e:  # noqa: BLE001 - ragged_dot's temporaries can exceed memory
+                case.update(ragged_error=str(e).splitlines()[0][:200])
+                print(f"{name:12s} {dist:8s} {t_s*1e3:10.2f} {'failed':>10s} "
+                      f"{flops/t_s/1e12:12.1f}  ragged_dot: {case['ragged_error'][:60]}")
+            results["cases"].append(case)
+            del gs_f, rd_f
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(results, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
