@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Whole-model training benchmarks of the three MoE paths, with sluice-train on the real corpus.
+#
+#   bench/bench_train.sh tgs [OUT]           each path for $STEPS steps of $PRESET: TGS, MFU, memory
+#   bench/bench_train.sh tgs-summary OUT     the table of a tgs run that was cut short
+#   bench/bench_train.sh convergence [OUT]   dropless vs capacity factor 1.25 vs 2.0 at equal steps,
+#                                            for each seed: validation loss table and loss plots
+#
+# Environment:
+#   PRESET    tgs: small, convergence: tiny
+#   STEPS     tgs: 30, convergence: 400
+#   IMPLS     tgs: the paths (default 'dense-cf1.25 dense-cf2.0 ragged_dot sluice')
+#   DROPLESS  convergence: the dropless path, sluice (default) or ragged_dot
+#   SEEDS     convergence: the seeds (default '0 1')
+#   CONTROL   convergence: 1 adds 'nodrop', the dense path with a capacity that drops nothing (the
+#             same model as dropless computed another way: the spread between the two is the noise)
+#   EP        expert-parallel degree (default 1); DEVICES: use the first N devices
+#   DATA      a token file from sluice-prepare-data (default: the installed Python docs)
+#   EXTRA     more sluice-train flags; PY: the python (default python3)
+# Results land in OUT (default bench/results/train-<mode>-<date>): one sluice-train run directory
+# per path, a summary table (.md) and the same figures as JSON (bench/summarize_train.py). A
+# convergence run that already finished in OUT is not run again.
+set -euo pipefail
+mode=${1:?usage: bench_train.sh tgs|tgs-summary|convergence [OUT]}
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/.." && pwd)
+out=${2:-$repo/bench/results/train-$mode-$(date -u +%Y%m%d-%H%M)}
+py=${PY:-python3}
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$repo/python"  # a PYTHONPATH given first wins
+mkdir -p "$out"
+common=(--no-progress --ep "${EP:-1}")
+[[ -n "${DEVICES:-}" ]] && common+=(--devices "$DEVICES")
+[[ -n "${DATA:-}" ]] && common+=(--data "$DATA")
+# shellcheck disable=SC2206
+[[ -n "${EXTRA:-}" ]] && common+=($EXTRA)
+
+# run NAME FLAGS...: one sluice-train run into $out/NAME; a failure (out of memory, say) is recorded
+# in $out/NAME.log and the other runs go on.
+run() {
+  local name=$1
+  shift
+  echo "== $name: sluice-train $*" >&2
+  if ! "$py" -m sluice.train "$@" "${common[@]}" --out "$out/$name" >"$out/$name.log" 2>&1; then
+    echo "   failed, see $out/$name.log" >&2
+    tail -3 "$out/$name.log" >&2 || true
+  fi
+}
+
+finished() {  # NAME STEPS: the run's last evaluation was at step STEPS
+  grep -q "\"kind\": \"eval\", \"step\": $2," "$out/$1/metrics.jsonl" 2>/dev/null
+}
+
+case $mode in
+tgs)
+  flags=(--preset "${PRESET:-small}" --steps "${STEPS:-30}" --log-every 5 --eval-every 0 --no-ckpt)
+  for name in ${IMPLS:-dense-cf1.25 dense-cf2.0 ragged_dot sluice}; do
+    case $name in
+      dense-cf*) run "$name" "${flags[@]}" --moe-impl dense --capacity-factor "${name#dense-cf}" ;;
+      *) run "$name" "${flags[@]}" --moe-impl "$name" ;;
+    esac
+  done
+  "$py" "$here/summarize_train.py" tgs "$out"
+  ;;
+tgs-summary)
+  "$py" "$here/summarize_train.py" tgs "$out"
+  ;;
+convergence)
+  preset=${PRESET:-tiny}
+  steps=${STEPS:-400}
+  flags=(--preset "$preset" --steps "$steps" --log-every 10 --eval-every $((steps / 8))
+    --eval-batches 16 --no-ckpt)
+  names=(dropless cf1.25 cf2.0)
+  [[ "${CONTROL:-0}" == 1 ]] && names+=(nodrop)
+  runs=()
+  labels=()
+  for seed in ${SEEDS:-0 1}; do
+    for name in "${names[@]}"; do
+      runs+=("$out/$name-s$seed")
+      labels+=("$name s$seed")
+      finished "$name-s$seed" "$steps" && continue
+      case $name in
+        dropless) impl=(--moe-impl "${DROPLESS:-sluice}") ;;
+        nodrop) impl=(--moe-impl dense --capacity-factor 1000) ;;
+        *) impl=(--moe-impl dense --capacity-factor "${name#cf}") ;;
+      esac
+      run "$name-s$seed" "${flags[@]}" --seed "$seed" "${impl[@]}"
+    done
+  done
+  labels_csv=$(IFS=,; echo "${labels[*]}")
+  "$py" -m sluice.plot "${runs[@]}" --out "$out/loss.png" --labels "$labels_csv" \
+    --title "$preset: dropless (${DROPLESS:-sluice}) vs capacity factor 1.25 / 2.0, $steps steps"
+  "$py" "$here/summarize_train.py" convergence "$out"
+  ;;
+*)
+  echo "unknown mode $mode (tgs, tgs-summary or convergence)" >&2
+  exit 2
+  ;;
+esac

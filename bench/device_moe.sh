@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# One measurement session of the MoE layer and the training step on a machine with two GPUs:
+# bench_moe.py on one GPU and over two (EP 2), bench_train.sh tgs on one GPU (and with EP 2 when
+# T_TGS2 > 0). On a one-GPU machine only the one-GPU parts run. Every phase runs under a time limit
+# (T_* below, seconds) so the script ends within about 3.5 minutes.
+# Results and logs go to $RESULTS (default $OUT, else bench/results/device-<date>) as at most 8
+# files: summary.txt, moe-{1gpu,ep2}.{jsonl,log}, tgs.md and runs.tgz (the run directories).
+#
+# It uses the GPU image's own flax and optax (flax 0.12.10 there; flax 0.12.8, the version pinned for
+# jax 0.10.2, does not import under jax 0.11.2), and reads what was carried beside the tree (ignored
+# by git), made on a machine with a network:
+#   .carry/moe_data/   the corpus: python3 -m sluice.data --out .carry/moe_data/corpus.npz
+#   .carry/moe_lib/    a CUDA build of libsluice.so: cmake -S . -B build-cuda -DSLUICE_NATIVE=OFF
+#                      && cmake --build build-cuda && cp build-cuda/libsluice.so .carry/moe_lib/
+# Where that library does not load, the script builds one there.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+res=${RESULTS:-${OUT:-bench/results/device-$(date -u +%Y%m%d-%H%M)}}
+mkdir -p "$res"
+work=$(mktemp -d)
+export PYTHONUNBUFFERED=1
+log() { echo "[$(date -u +%T)] $*" | tee -a "$res/summary.txt"; }
+
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$repo/python"
+[ -f .carry/moe_lib/libsluice.so ] && export SLUICE_LIBRARY=$repo/.carry/moe_lib/libsluice.so
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$res/summary.txt"
+versions="import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax',
+optax.__version__, jax.devices()); import sluice; print('sluice has_cuda', sluice.has_cuda())"
+if ! python3 -c "$versions" >>"$res/summary.txt" 2>&1; then
+  # Without the library nothing imports (the MoE layer lives in the sluice package): build one.
+  log "the carried libsluice.so does not load here: building one"
+  unset SLUICE_LIBRARY
+  (cmake -S . -B build-moe -DSLUICE_NATIVE=OFF -DCMAKE_BUILD_TYPE=Release &&
+    cmake --build build-moe -j32) >"$work/build.log" 2>&1 || log "build failed"
+  python3 -c "$versions" >>"$res/summary.txt" 2>&1
+fi
+
+data=${DATA:-.carry/moe_data/corpus.npz}
+moe_shape=(--preset "${MOE_PRESET:-dsv3-proxy}" --batch-size "${MOE_BATCH:-8}")
+tgs_env=(DATA="$data" PRESET="${TGS_PRESET:-small}" STEPS="${TGS_STEPS:-15}")
+
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c GPU || true)
+bench_moe_1gpu() {
+  CUDA_VISIBLE_DEVICES=0 timeout "${T_MOE:-100}" python3 bench/bench_moe.py "${moe_shape[@]}" \
+    --budget 4 --json "$res/moe-1gpu.jsonl" >"$res/moe-1gpu.log" 2>&1
+  log "bench_moe, 1 GPU: rc=$?"
+}
+tgs_1gpu() {
+  CUDA_VISIBLE_DEVICES=$1 env "${tgs_env[@]}" timeout "${T_TGS:-110}" \
+    bench/bench_train.sh tgs "$work/tgs" >"$work/tgs.log" 2>&1
+  log "bench_train tgs, 1 GPU: rc=$?"
+  [ -f "$work/tgs/tgs.md" ] || bench/bench_train.sh tgs-summary "$work/tgs" >>"$work/tgs.log" 2>&1
+  cp "$work/tgs/tgs.md" "$res/tgs.md" 2>/dev/null
+}
+if [ "$ngpu" -ge 2 ]; then
+  log "phase A: bench_moe on GPU 0 while the training step runs on GPU 1"
+  bench_moe_1gpu &
+  tgs_1gpu 1
+  wait
+  log "phase B: bench_moe, EP 2"
+  timeout "${T_EP:-70}" python3 bench/bench_moe.py "${moe_shape[@]}" --ep 2 --budget 3 \
+    --variants dense-cf1.25,dense-cf2.0,ragged_dot,sluice+a2a,sluice \
+    --json "$res/moe-ep2.jsonl" >"$res/moe-ep2.log" 2>&1
+  log "bench_moe, EP 2: rc=$?"
+  if [ "${T_TGS2:-0}" -gt 0 ]; then
+    log "phase C: the training step, EP 2"
+    env "${tgs_env[@]}" EP=2 IMPLS="${EP_IMPLS:-dense-cf1.25 sluice ragged_dot}" \
+      timeout "$T_TGS2" bench/bench_train.sh tgs "$work/tgs-ep2" >"$work/tgs-ep2.log" 2>&1
+    log "bench_train tgs, EP 2: rc=$?"
+    [ -f "$work/tgs-ep2/tgs.md" ] ||
+      bench/bench_train.sh tgs-summary "$work/tgs-ep2" >>"$work/tgs-ep2.log" 2>&1
+    { echo; cat "$work/tgs-ep2/tgs.md"; } >>"$res/tgs.md" 2>/dev/null
+  fi
+else
+  log "phase A: one GPU: bench_moe, then the training step"
+  bench_moe_1gpu
+  tgs_1gpu 0
+fi
+
+tar czf "$res/runs.tgz" -C "$work" . 2>/dev/null
+{
+  grep -h -A8 "MoE layer fwd+bwd" "$res"/moe-*.log
+  cat "$res/tgs.md"
+} 2>&1 | tee -a "$res/summary.txt"

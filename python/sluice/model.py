@@ -1,0 +1,276 @@
+"""A decoder-only LM whose first layers have a dense FFN and the rest a fine-grained MoE.
+
+Pre-norm blocks: RMSNorm -> rotary multi-head attention -> RMSNorm -> SwiGLU FFN or
+``sluice.moe.MoE``. Parameters in fp32, compute in ``dtype`` (bf16 by default), norms, softmax and
+logits in fp32. ``Transformer(tokens [B,S]) -> (logits f32 [B,S,V], aux)`` with ``aux = {"aux_loss":
+f32, "load": f32[L_moe,E], "dropped": f32[L_moe]}``.
+
+Presets (``PRESETS``) hold the model and its default training sizes:
+- ``tiny``: trains on a 2-core laptop CPU in a few minutes.
+- ``small``: one GPU.
+- ``dsv3-proxy``: DeepSeek-V3's MoE shape (256 experts, top-8 of 8 groups limited to 4, sigmoid
+  router with aux-loss-free bias, routed scaling 2.5, one shared expert, dense first layer) scaled
+  down to fit one H200.
+- ``dsv3-proxy-ep2``: the same model with its experts split over two GPUs (``--ep 2``) and twice the
+  batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sluice.moe import MoE, MoEConfig, SwiGLU
+
+VOCAB_SIZE = 320  # 256 bytes + specials (sluice.data), rounded up to a multiple of 64
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_dense_layers: int  # the first n_dense_layers layers have a dense FFN, the rest are MoE
+    n_heads: int
+    head_dim: int
+    d_ff_dense: int
+    moe: MoEConfig
+    rope_theta: float = 10000.0
+    dtype: Any = jnp.bfloat16
+    init_std: float = 0.02
+
+    def active_params(self) -> int:
+        """Parameters touched per token, embedding lookup excluded (the output head counted)."""
+        return self._params(active=True)
+
+    def total_params(self) -> int:
+        return self._params(active=False) + self.vocab_size * self.d_model
+
+    def _params(self, active: bool) -> int:
+        d, m = self.d_model, self.moe
+        attn = 4 * d * self.n_heads * self.head_dim + 2 * d
+        dense = 3 * d * self.d_ff_dense
+        experts = (m.top_k if active else m.num_experts) * 3 * d * m.d_ff
+        moe = d * m.num_experts + experts + m.num_shared_experts * 3 * d * m.d_ff
+        return (
+            self.n_layers * attn
+            + self.n_dense_layers * dense
+            + (self.n_layers - self.n_dense_layers) * moe
+            + d
+            + d * self.vocab_size
+        )
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6 per active parameter plus causal attention scores and values
+        (forward 2*2*S*H*hd/2 per layer, times 3 with the backward)."""
+        attention = 6 * self.n_layers * seq_len * self.n_heads * self.head_dim
+        return 6 * self.active_params() + attention
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        self.scale = nnx.Param(jnp.ones((dim,), jnp.float32))
+        self.eps = eps
+
+    def __call__(self, x):
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return (y * self.scale[...]).astype(x.dtype)
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float):
+    inv = 1.0 / theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+    angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv[None, :]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x, cos, sin):
+    """x [B,S,H,hd]; rotates the two halves of each head."""
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        d, h, hd = cfg.d_model, cfg.n_heads, cfg.head_dim
+        out_std = cfg.init_std / (2 * cfg.n_layers) ** 0.5
+        self.wqkv = nnx.Param(
+            jax.random.normal(rngs.params(), (d, 3, h, hd), jnp.float32) * cfg.init_std
+        )
+        self.wo = nnx.Param(jax.random.normal(rngs.params(), (h, hd, d), jnp.float32) * out_std)
+        self.dtype = cfg.dtype
+
+    def __call__(self, x, cos, sin):
+        qkv = jnp.einsum("bsd,dthk->tbshk", x, self.wqkv[...].astype(self.dtype))
+        q, k = apply_rope(qkv[0], cos, sin), apply_rope(qkv[1], cos, sin)
+        o = jax.nn.dot_product_attention(q, k, qkv[2], is_causal=True)
+        return jnp.einsum("bshk,hkd->bsd", o, self.wo[...].astype(self.dtype))
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs, mesh=None):
+        out_std = cfg.init_std / (2 * cfg.n_layers) ** 0.5
+        self.attn_norm = RMSNorm(cfg.d_model)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.ffn_norm = RMSNorm(cfg.d_model)
+        self.is_moe = layer >= cfg.n_dense_layers
+        if self.is_moe:
+            moe_cfg = dataclasses.replace(
+                cfg.moe, dtype=cfg.dtype, init_std=cfg.init_std, out_init_std=out_std
+            )
+            self.ffn = MoE(moe_cfg, rngs=rngs, mesh=mesh)
+        else:
+            self.ffn = SwiGLU(
+                cfg.d_model,
+                cfg.d_ff_dense,
+                rngs=rngs,
+                dtype=cfg.dtype,
+                init_std=cfg.init_std,
+                out_init_std=out_std,
+            )
+
+    def __call__(self, x, cos, sin):
+        """-> (x, the MoE layer's stats or None for a dense layer)."""
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        if self.is_moe:
+            h, stats = self.ffn(self.ffn_norm(x))
+            return x + h, stats
+        return x + self.ffn(self.ffn_norm(x)), None
+
+
+class Transformer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, mesh=None):
+        self.cfg = cfg
+        self.embed = nnx.Param(
+            jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), jnp.float32)
+        )
+        self.layers = nnx.List([Block(cfg, i, rngs=rngs, mesh=mesh) for i in range(cfg.n_layers)])
+        self.norm = RMSNorm(cfg.d_model)
+        self.head = nnx.Param(
+            jax.random.normal(rngs.params(), (cfg.d_model, cfg.vocab_size), jnp.float32)
+            * cfg.init_std
+        )
+
+    def __call__(self, tokens):
+        cfg = self.cfg
+        cos, sin = rope_tables(tokens.shape[1], cfg.head_dim, cfg.rope_theta)
+        x = self.embed[...].astype(cfg.dtype)[tokens]
+        stats = []
+        for layer in self.layers:
+            x, st = layer(x, cos, sin)
+            if st is not None:
+                stats.append(st)
+        x = self.norm(x)
+        logits = jnp.einsum(
+            "bsd,dv->bsv", x, self.head[...].astype(cfg.dtype), preferred_element_type=jnp.float32
+        )
+        aux = {
+            "aux_loss": sum((st["aux_loss"] for st in stats), jnp.zeros((), jnp.float32)),
+            "load": jnp.stack([st["load"] for st in stats]),
+            "dropped": jnp.stack([st["dropped"] for st in stats]),
+        }
+        return logits, aux
+
+    def moe_layers(self) -> list[MoE]:
+        return [layer.ffn for layer in self.layers if layer.is_moe]
+
+    def update_router_bias(self, load):
+        """load f32 [L_moe, E] from the step's aux: one aux-loss-free bias step per MoE layer."""
+        for i, moe in enumerate(self.moe_layers()):
+            moe.update_bias(load[i])
+
+
+# Default training sizes beside each model: batch_size (global, sequences), seq_len, lr, steps,
+# warmup, ep.
+PRESETS: dict[str, dict] = {
+    "tiny": {
+        "model": ModelConfig(
+            vocab_size=VOCAB_SIZE,
+            d_model=128,
+            n_layers=4,
+            n_dense_layers=1,
+            n_heads=4,
+            head_dim=32,
+            d_ff_dense=384,
+            moe=MoEConfig(
+                d_model=128,
+                d_ff=64,
+                num_experts=16,
+                top_k=4,
+                num_shared_experts=1,
+                router="softmax",
+                aux_loss_coef=0.01,
+            ),
+        ),
+        "batch_size": 16,
+        "seq_len": 128,
+        "lr": 3e-3,
+        "steps": 300,
+        "warmup": 30,
+        "ep": 1,
+    },
+    "small": {
+        "model": ModelConfig(
+            vocab_size=VOCAB_SIZE,
+            d_model=512,
+            n_layers=8,
+            n_dense_layers=1,
+            n_heads=8,
+            head_dim=64,
+            d_ff_dense=1536,
+            moe=MoEConfig(
+                d_model=512,
+                d_ff=256,
+                num_experts=32,
+                top_k=4,
+                num_shared_experts=1,
+                router="sigmoid",
+                routed_scaling=1.0,
+                num_groups=4,
+                topk_groups=2,
+                bias_update_rate=1e-3,
+            ),
+        ),
+        "batch_size": 32,
+        "seq_len": 1024,
+        "lr": 1e-3,
+        "steps": 2000,
+        "warmup": 100,
+        "ep": 1,
+    },
+    "dsv3-proxy": {
+        "model": ModelConfig(
+            vocab_size=VOCAB_SIZE,
+            d_model=1024,
+            n_layers=8,
+            n_dense_layers=1,
+            n_heads=16,
+            head_dim=64,
+            d_ff_dense=2816,
+            moe=MoEConfig(
+                d_model=1024,
+                d_ff=256,
+                num_experts=256,
+                top_k=8,
+                num_shared_experts=1,
+                router="sigmoid",
+                routed_scaling=2.5,
+                num_groups=8,
+                topk_groups=4,
+                bias_update_rate=1e-3,
+            ),
+        ),
+        "batch_size": 16,
+        "seq_len": 2048,
+        "lr": 6e-4,
+        "steps": 2000,
+        "warmup": 100,
+        "ep": 1,
+    },
+}
+PRESETS["dsv3-proxy-ep2"] = dict(PRESETS["dsv3-proxy"], batch_size=32, ep=2)

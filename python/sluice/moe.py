@@ -1,0 +1,568 @@
+"""Mixture-of-Experts layer (Flax NNX) with three interchangeable expert paths.
+
+One set of parameters and one router; ``MoEConfig.impl`` picks how tokens reach their experts:
+
+- ``dense``: a fixed capacity per expert per sequence, ``C = ceil(S*k/E * capacity_factor)``; tokens
+  past an expert's capacity are dropped (first choices of every token take precedence over second
+  choices, then by position). Static shapes: tokens are scattered into an ``[E, B*C, D]`` buffer and
+  the experts run as one batched matmul. This is the capacity-factor path of MaxText's
+  ``dense_matmul``, with index scatter/gather instead of one-hot dispatch einsums (same result, less
+  memory).
+- ``ragged_dot``: dropless. Token copies are sorted by expert (argsort), the experts run as
+  ``jax.lax.ragged_dot`` and the results are unsorted. Expert parallelism with
+  ``jax.lax.ragged_all_to_all`` and a worst-case receive buffer.
+- ``sluice``: the dropless path on sluice's kernels: ``sluice.gmm`` for the expert matmuls
+  (``use_sluice_gmm``) and ``sluice.ep.dispatch``/``combine`` for expert parallelism
+  (``use_sluice_dispatch``).
+
+Router (always fp32): softmax top-k, or DeepSeek-V3's sigmoid scores with a per-expert selection
+bias that no gradient trains; ``MoE.update_bias`` nudges it toward balance from the measured load
+after each step (aux-loss-free balancing), optional group-limited routing and a routed scaling
+factor. An optional Switch-style load-balance loss. SwiGLU experts in the compute dtype, weighted
+sums of expert outputs in fp32.
+
+Every call returns ``(y, stats)`` with ``stats = {"load": f32[E] routed token copies per expert
+(global), "dropped": f32 fraction of token copies dropped, "aux_loss": f32 load-balance loss (per
+shard, averaged over shards)}``.
+
+Parallelism: give the layer a ``mesh`` with a data axis and an expert axis. The layer runs in
+``shard_map``: tokens are split over both axes (the expert axis also splits the batch), expert
+weights over the expert axis, everything else is replicated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+IMPLS = ("dense", "ragged_dot", "sluice")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+    d_model: int
+    d_ff: int  # hidden size of one routed expert
+    num_experts: int
+    top_k: int
+    num_shared_experts: int = 0  # shared experts are one SwiGLU of width num_shared_experts * d_ff
+    router: str = "softmax"  # "softmax" or "sigmoid" (DeepSeek-V3)
+    norm_topk_prob: bool = True  # renormalise the k selected weights to sum to one
+    routed_scaling: float = 1.0
+    num_groups: int = 1  # group-limited routing: experts split into groups,
+    topk_groups: int = 1  # each token picks its experts from its best topk_groups groups
+    bias_update_rate: float = 0.0  # aux-loss-free balancing step (DeepSeek-V3: 0.001); 0 = off
+    aux_loss_coef: float = 0.0  # Switch-style load-balance loss; 0 = off
+    impl: str = "ragged_dot"
+    capacity_factor: float = 1.25  # dense only
+    use_sluice_gmm: bool = True  # sluice only
+    use_sluice_dispatch: bool | None = None  # sluice only: None = when sluice.ep exists
+    dtype: Any = jnp.bfloat16  # compute dtype of the experts
+    init_std: float = 0.02
+    out_init_std: float = 0.02
+
+    def __post_init__(self):
+        if self.impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
+        if self.router not in ("softmax", "sigmoid"):
+            raise ValueError(f"router must be 'softmax' or 'sigmoid', got {self.router!r}")
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"top_k={self.top_k} must be in [1, num_experts={self.num_experts}]")
+        if self.num_experts % self.num_groups:
+            raise ValueError(
+                f"num_experts={self.num_experts} is not divisible by num_groups={self.num_groups}"
+            )
+        if self.num_groups > 1 and self.top_k > self.topk_groups * (
+            self.num_experts // self.num_groups
+        ):
+            raise ValueError("top_k exceeds the experts in topk_groups groups")
+        if self.capacity_factor <= 0:
+            raise ValueError("capacity_factor must be positive")
+
+
+def capacity(seq_len: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
+    """Slots per expert per sequence (dense path); at most seq_len: top-k experts are distinct."""
+    return max(1, min(seq_len, math.ceil(seq_len * top_k / num_experts * capacity_factor)))
+
+
+# --------------------------------------------------------------------------------------------------
+# Router
+
+
+def route(cfg: MoEConfig, logits: jax.Array, bias: jax.Array):
+    """fp32 logits [T,E] -> (topk_idx int32 [T,k], topk_weights f32 [T,k], scores f32 [T,E]).
+
+    The bias shifts which experts are selected, never the weights they get (DeepSeek-V3)."""
+    scores = jax.nn.softmax(logits, axis=-1) if cfg.router == "softmax" else jax.nn.sigmoid(logits)
+    sel = scores + jax.lax.stop_gradient(bias)
+    if cfg.num_groups > 1:
+        t, e = sel.shape
+        per_group = e // cfg.num_groups
+        grouped = sel.reshape(t, cfg.num_groups, per_group)
+        # A group's score is the sum of its two best experts (DeepSeek-V3).
+        group_score = jax.lax.top_k(grouped, min(2, per_group))[0].sum(-1)
+        _, top_groups = jax.lax.top_k(group_score, cfg.topk_groups)
+        group_mask = jax.nn.one_hot(top_groups, cfg.num_groups, dtype=jnp.bool_).any(axis=1)
+        sel = jnp.where(jnp.repeat(group_mask, per_group, axis=1), sel, -jnp.inf)
+    _, idx = jax.lax.top_k(jax.lax.stop_gradient(sel), cfg.top_k)
+    weights = jnp.take_along_axis(scores, idx, axis=-1)
+    if cfg.norm_topk_prob and cfg.top_k > 1:
+        weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
+    return idx.astype(jnp.int32), weights * cfg.routed_scaling, scores
+
+
+def load_balance_loss(scores: jax.Array, idx: jax.Array, num_experts: int) -> jax.Array:
+    """Switch Transformer's loss E * sum_e f_e * p_e (1.0 when balanced), on one shard's tokens."""
+    probs = scores / scores.sum(-1, keepdims=True)
+    frac = jnp.bincount(idx.reshape(-1), length=num_experts) / idx.size
+    return num_experts * jnp.sum(jax.lax.stop_gradient(frac) * probs.mean(0))
+
+
+# --------------------------------------------------------------------------------------------------
+# Expert computation
+
+
+def _ragged_dot(lhs, rhs, group_sizes):
+    return jax.lax.ragged_dot(lhs, rhs, group_sizes)
+
+
+def _sluice_gmm(lhs, rhs, group_sizes):
+    try:
+        import sluice
+
+        gmm = sluice.gmm
+    except (ImportError, AttributeError) as e:
+        raise ImportError(
+            "impl='sluice' with use_sluice_gmm needs sluice.gmm (the built sluice library); "
+            "use impl='ragged_dot' or use_sluice_gmm=False meanwhile"
+        ) from e
+    return gmm(lhs, rhs, group_sizes)
+
+
+def _swiglu_grouped(xs, wi, wo, group_sizes, gmm):
+    """xs sorted by expert; wi [E,D,2F], wo [E,F,D]. Rows past sum(group_sizes) give zero."""
+    h = gmm(xs, wi, group_sizes)
+    gate, up = jnp.split(h, 2, axis=-1)
+    act = (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(xs.dtype)
+    return gmm(act, wo, group_sizes)
+
+
+def _swiglu_batched(xb, wi, wo):
+    """xb [E,M,D], one batch of rows per expert."""
+    h = jnp.einsum("emd,edf->emf", xb, wi)
+    gate, up = jnp.split(h, 2, axis=-1)
+    act = (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(xb.dtype)
+    return jnp.einsum("emf,efd->emd", act, wo)
+
+
+def _inverse_permutation(order):
+    return jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+
+
+def _weighted_sum(y_copies, weights):
+    """y_copies [T,k,D] (compute dtype), weights f32 [T,k] -> f32 [T,D]."""
+    return jnp.einsum("tkd,tk->td", y_copies.astype(jnp.float32), weights)
+
+
+def _dense(cfg, x, idx, weights, wi, wo, ep_axis):
+    """Capacity-factor path. x [B,S,D], idx/weights [B,S,k] -> f32 [B,S,D], the dropped count."""
+    b, s, d = x.shape
+    k = cfg.top_k
+    e = cfg.num_experts
+    cap = capacity(s, k, e, cfg.capacity_factor)
+    # Position of each token copy in its expert's buffer, first choices before second choices.
+    choice_major = idx.transpose(0, 2, 1).reshape(b, k * s)
+    onehot = jax.nn.one_hot(choice_major, e, dtype=jnp.int32)
+    pos = (
+        jnp.take_along_axis(jnp.cumsum(onehot, axis=1), choice_major[..., None], axis=-1)[..., 0]
+        - 1
+    )
+    pos = pos.reshape(b, k, s).transpose(0, 2, 1)
+    keep = pos < cap
+    # A dropped copy gets its own slot past the end (dropped by the scatter, zero from the gather),
+    # so every slot index is unique and the scatter needs no atomics.
+    overflow = e * cap + jnp.arange(s * k, dtype=idx.dtype).reshape(s, k)
+    slot = jnp.where(keep, idx * cap + pos, overflow).reshape(b, s * k)
+    rows = jnp.arange(b)[:, None]
+    copies = jnp.broadcast_to(x[:, :, None, :], (b, s, k, d)).reshape(b, s * k, d)
+    buf = jnp.zeros((b, e * cap, d), x.dtype)
+    buf = buf.at[rows, slot].set(copies, mode="drop", unique_indices=True)
+    buf = buf.reshape(b, e, cap, d).transpose(1, 0, 2, 3).reshape(e, b * cap, d)
+    if ep_axis is not None:  # [E, B*C, D] -> [E_local, R*B*C, D]: each rank gets its experts' slots
+        buf = jax.lax.all_to_all(buf, ep_axis, split_axis=0, concat_axis=1, tiled=True)
+    out = _swiglu_batched(buf, wi, wo)
+    if ep_axis is not None:
+        out = jax.lax.all_to_all(out, ep_axis, split_axis=1, concat_axis=0, tiled=True)
+    out = out.reshape(e, b, cap, d).transpose(1, 0, 2, 3).reshape(b, e * cap, d)
+    y = out.at[rows, slot].get(mode="fill", fill_value=0, unique_indices=True)
+    y = y.reshape(b * s, k, d)
+    y = _weighted_sum(y, (weights * keep).reshape(b * s, k)).reshape(b, s, d)
+    return y, jnp.sum(~keep).astype(jnp.float32)
+
+
+def _sort_by_expert(x, idx, num_experts):
+    """x [T,D], idx [T,k] -> token copies sorted by expert, the order, per-expert counts."""
+    k = idx.shape[-1]
+    flat = idx.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    counts = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+    return x[order // k], order, counts
+
+
+def _dropless_local(cfg, x, idx, weights, wi, wo, gmm):
+    """x [T,D], all experts local."""
+    t, d = x.shape
+    xs, order, counts = _sort_by_expert(x, idx, cfg.num_experts)
+    ys = _swiglu_grouped(xs, wi, wo, counts, gmm)
+    y = ys[_inverse_permutation(order)].reshape(t, cfg.top_k, d)
+    return _weighted_sum(y, weights)
+
+
+def _exclusive_cumsum(a, axis=-1):
+    return jnp.cumsum(a, axis=axis) - a
+
+
+def _padded_all_to_all(
+    operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name, block
+):
+    """ragged_all_to_all's semantics from a dense all_to_all of [R, block] padded slices (XLA:CPU
+    has no ragged-all-to-all). block bounds every send size."""
+    r = send_sizes.shape[0]
+    i = jnp.arange(block)
+    src = input_offsets[:, None] + i[None, :]  # [R, block]
+    chunks = operand.at[src].get(mode="fill", fill_value=0)
+    chunks = jax.lax.all_to_all(
+        chunks, axis_name, 0, 0, tiled=True
+    )  # chunks[s]: what rank s sent me
+    offsets = jax.lax.all_to_all(
+        output_offsets, axis_name, 0, 0, tiled=True
+    )  # where rank s asked to put it
+    dst = jnp.where(
+        i[None, :] < recv_sizes[:, None], offsets[:, None] + i[None, :], output.shape[0]
+    )
+    return output.at[dst.reshape(-1)].set(chunks.reshape(r * block, -1), mode="drop")
+
+
+def _dropless_ragged_a2a(cfg, x, idx, weights, wi, wo, gmm, ep_axis, emulate_a2a=False):
+    """Expert parallelism the MaxText way: one row per (token, expert) crosses with
+    ragged_all_to_all into a worst-case buffer, the receiver sorts its rows by local expert, and the
+    results travel back."""
+    t, d = x.shape
+    k = cfg.top_k
+    r = jax.lax.axis_size(ep_axis)
+    me = jax.lax.axis_index(ep_axis)
+    e_local = cfg.num_experts // r
+    xs, order, counts = _sort_by_expert(
+        x, idx, cfg.num_experts
+    )  # sorted by expert = by destination rank
+    all_counts = jax.lax.all_gather(counts, ep_axis)  # [R src, E]
+    to_rank = all_counts.reshape(r, r, e_local).sum(-1)  # [src, dst]
+    send_sizes = to_rank[me]
+    input_offsets = _exclusive_cumsum(send_sizes)
+    recv_sizes = to_rank[:, me]
+    output_offsets = _exclusive_cumsum(to_rank, axis=0)[me]  # where my block lands in each receiver
+    # Each token sends at most min(k, E_local) copies to one rank, from each of R ranks.
+    block = t * min(k, e_local)
+    cap = block * r
+    a2a = partial(_padded_all_to_all, block=block) if emulate_a2a else jax.lax.ragged_all_to_all
+    recv = a2a(
+        xs,
+        jnp.zeros((cap, d), xs.dtype),
+        input_offsets,
+        send_sizes,
+        output_offsets,
+        recv_sizes,
+        axis_name=ep_axis,
+    )
+    # Received rows: per source rank, sorted by local expert. Sort them by local expert alone.
+    local_counts = jax.lax.dynamic_slice_in_dim(
+        all_counts, me * e_local, e_local, axis=1
+    )  # [R, E_local]
+    seg_end = jnp.cumsum(local_counts.reshape(-1))
+    seg = jnp.searchsorted(seg_end, jnp.arange(cap, dtype=seg_end.dtype), side="right")
+    local_expert = jnp.where(seg < r * e_local, seg % e_local, e_local)  # e_local: an empty row
+    order2 = jnp.argsort(local_expert, stable=True)
+    ys = _swiglu_grouped(recv[order2], wi, wo, local_counts.sum(0), gmm)
+    y_recv = ys[_inverse_permutation(order2)]
+    recv_offsets = _exclusive_cumsum(recv_sizes)
+    back_offsets = _exclusive_cumsum(to_rank, axis=1)[:, me]  # where each source's rows started
+    back = a2a(
+        y_recv,
+        jnp.zeros((t * k, d), y_recv.dtype),
+        recv_offsets,
+        recv_sizes,
+        back_offsets,
+        send_sizes,
+        axis_name=ep_axis,
+    )
+    y = back[_inverse_permutation(order)].reshape(t, k, d)
+    return _weighted_sum(y, weights)
+
+
+def sluice_ep_available() -> bool:
+    try:
+        import sluice.ep  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
+    """Expert parallelism on sluice.ep: each token crosses once to each rank that owns any of its
+    experts; the receiver fans rows out by local expert (no argsort), and fan_in/combine sum the
+    weighted expert outputs in fp32 (rounded once per rank to the compute dtype for the trip
+    back)."""
+    from sluice import ep
+
+    recv = ep.dispatch(x, idx, weights, num_experts=cfg.num_experts, axis_name=ep_axis)
+    xs, group_sizes, fan = ep.fan_out(recv)
+    ys = _swiglu_grouped(xs, wi, wo, group_sizes, gmm)
+    return ep.combine(ep.fan_in(ys, fan), recv.handle).astype(jnp.float32)
+
+
+_EP_READY: set = set()
+
+
+def _setup_sluice_ep(cfg: MoEConfig, mesh, axis_name) -> bool:
+    """Whether the sluice path uses sluice.ep on this mesh; makes its communicator (once per process
+    and mesh, before tracing). Auto mode (use_sluice_dispatch=None) falls back to ragged_all_to_all,
+    with a warning, where sluice.ep is missing or cannot run here; an explicit True raises
+    instead."""
+    if cfg.impl != "sluice" or cfg.use_sluice_dispatch is False:
+        return False
+    try:
+        from sluice import ep
+
+        # One communicator per mesh and axis serves every layer; make it again if torn down since.
+        ids = tuple(int(d.id) for d in mesh.devices.flat)
+        live = {tuple(sorted(c.device_ids)) for c in getattr(ep, "_COMMS", {}).get(axis_name, [])}
+        if (mesh, axis_name) not in _EP_READY or tuple(sorted(ids)) not in live:
+            ep.setup(mesh, axis_name=axis_name)
+    except Exception as e:
+        if cfg.use_sluice_dispatch:
+            if isinstance(e, ImportError):
+                raise NotImplementedError(
+                    "use_sluice_dispatch=True needs sluice.ep (expert-parallel dispatch/combine), "
+                    "which this build lacks; use use_sluice_dispatch=False (ragged_all_to_all)"
+                ) from e
+            raise
+        warnings.warn(
+            f"sluice MoE: sluice.ep unavailable here ({type(e).__name__}: {e}); expert parallelism "
+            "falls back to ragged_all_to_all",
+            stacklevel=3,
+        )
+        return False
+    _EP_READY.add((mesh, axis_name))
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# The block: route, run the experts, gather statistics. Runs per shard inside shard_map, or alone.
+
+
+def moe_block(
+    cfg: MoEConfig,
+    x,
+    router_w,
+    bias,
+    wi,
+    wo,
+    *,
+    ep_axis=None,
+    reduce_axes=(),
+    emulate_a2a=False,
+    sluice_dispatch=False,
+):
+    """x [B,S,D] (compute dtype) -> (y [B,S,D], stats); wi/wo hold this shard's experts."""
+    b, s, d = x.shape
+    logits = jnp.dot(x.reshape(b * s, d).astype(jnp.float32), router_w)
+    idx, weights, scores = route(cfg, logits, bias)
+
+    def total(v):
+        return jax.lax.psum(v, reduce_axes) if reduce_axes else v
+
+    if cfg.impl == "dense":
+        y, dropped = _dense(
+            cfg, x, idx.reshape(b, s, -1), weights.reshape(b, s, -1), wi, wo, ep_axis
+        )
+        y = y.reshape(b * s, d)
+    else:
+        dropped = jnp.zeros((), jnp.float32)
+        gmm = _sluice_gmm if cfg.impl == "sluice" and cfg.use_sluice_gmm else _ragged_dot
+        xt = x.reshape(b * s, d)
+        if ep_axis is None:
+            y = _dropless_local(cfg, xt, idx, weights, wi, wo, gmm)
+        elif sluice_dispatch:
+            y = _dropless_sluice_ep(cfg, xt, idx, weights, wi, wo, gmm, ep_axis)
+        else:
+            y = _dropless_ragged_a2a(cfg, xt, idx, weights, wi, wo, gmm, ep_axis, emulate_a2a)
+
+    load = total(jnp.bincount(idx.reshape(-1), length=cfg.num_experts).astype(jnp.float32))
+    stats = {
+        "load": load,
+        "dropped": total(dropped) / jnp.sum(load),
+        "aux_loss": (
+            total(load_balance_loss(scores, idx, cfg.num_experts))
+            / (total(jnp.ones((), jnp.float32)))
+        ),
+    }
+    return y.reshape(b, s, d).astype(x.dtype), stats
+
+
+# --------------------------------------------------------------------------------------------------
+# Modules
+
+
+class RouterBias(nnx.Variable):
+    """Per-expert selection bias of aux-loss-free balancing: set by MoE.update_bias, never by a
+    gradient."""
+
+
+class SwiGLU(nnx.Module):
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        *,
+        rngs: nnx.Rngs,
+        dtype=jnp.bfloat16,
+        init_std=0.02,
+        out_init_std=0.02,
+    ):
+        self.wi = nnx.Param(
+            jax.random.normal(rngs.params(), (d_model, 2 * d_ff), jnp.float32) * init_std
+        )
+        self.wo = nnx.Param(
+            jax.random.normal(rngs.params(), (d_ff, d_model), jnp.float32) * out_init_std
+        )
+        self.dtype = dtype
+
+    def __call__(self, x):
+        h = jnp.dot(x, self.wi[...].astype(self.dtype))
+        gate, up = jnp.split(h, 2, axis=-1)
+        act = (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(self.dtype)
+        return jnp.dot(act, self.wo[...].astype(self.dtype))
+
+
+class MoE(nnx.Module):
+    """Routed SwiGLU experts plus optional shared experts. ``__call__(x [B,S,D]) -> (y, stats)``.
+
+    mesh: a ``jax.sharding.Mesh`` with ``data_axis`` and ``expert_axis`` (either may have size 1),
+    or None to run on whatever devices jit places the arrays. Expert weights must be sharded over
+    ``expert_axis``."""
+
+    def __init__(
+        self,
+        cfg: MoEConfig,
+        *,
+        rngs: nnx.Rngs,
+        mesh=None,
+        data_axis: str = "data",
+        expert_axis: str = "expert",
+    ):
+        e, d, f = cfg.num_experts, cfg.d_model, cfg.d_ff
+        self.cfg = cfg
+        self.router = nnx.Param(
+            jax.random.normal(rngs.params(), (d, e), jnp.float32) * cfg.init_std
+        )
+        self.bias = RouterBias(jnp.zeros((e,), jnp.float32))
+        self.wi = nnx.Param(
+            jax.random.normal(rngs.params(), (e, d, 2 * f), jnp.float32) * cfg.init_std
+        )
+        self.wo = nnx.Param(
+            jax.random.normal(rngs.params(), (e, f, d), jnp.float32) * cfg.out_init_std
+        )
+        self.shared = (
+            SwiGLU(
+                d,
+                cfg.num_shared_experts * f,
+                rngs=rngs,
+                dtype=cfg.dtype,
+                init_std=cfg.init_std,
+                out_init_std=cfg.out_init_std,
+            )
+            if cfg.num_shared_experts
+            else None
+        )
+        self.mesh = mesh
+        self.data_axis = data_axis
+        self.expert_axis = expert_axis
+        if mesh is not None and e % mesh.shape[expert_axis]:
+            raise ValueError(
+                f"num_experts={e} is not divisible by the expert axis size "
+                f"{mesh.shape[expert_axis]}"
+            )
+        self.sluice_dispatch = (
+            mesh is not None
+            and mesh.shape[expert_axis] > 1
+            and _setup_sluice_ep(cfg, mesh, expert_axis)
+        )
+
+    def __call__(self, x):
+        cfg = self.cfg
+        args = (
+            x.astype(cfg.dtype),
+            self.router[...],
+            self.bias[...],
+            self.wi[...].astype(cfg.dtype),
+            self.wo[...].astype(cfg.dtype),
+        )
+        if self.mesh is None:
+            y, stats = moe_block(cfg, *args)
+        else:
+            ep = self.expert_axis if self.mesh.shape[self.expert_axis] > 1 else None
+            axes = (self.data_axis, self.expert_axis)
+            fn = partial(
+                moe_block,
+                cfg,
+                ep_axis=ep,
+                reduce_axes=axes,
+                emulate_a2a=self.mesh.devices.flat[0].platform == "cpu",
+                sluice_dispatch=self.sluice_dispatch,
+            )
+            tokens = P(axes)
+            experts = P(self.expert_axis)
+            y, stats = jax.shard_map(
+                fn,
+                mesh=self.mesh,
+                in_specs=(tokens, P(), P(), experts, experts),
+                out_specs=(tokens, P()),
+            )(*args)
+        if self.shared is not None:
+            y = y + self.shared(x.astype(cfg.dtype))
+        return y, stats
+
+    def describe(self) -> str:
+        """The expert path in words, e.g. 'sluice: sluice.gmm, EP 2 over sluice.ep'."""
+        cfg = self.cfg
+        if cfg.impl == "dense":
+            what = f"dense: capacity factor {cfg.capacity_factor:g}, drops"
+        else:
+            gmm = (
+                "sluice.gmm"
+                if cfg.impl == "sluice" and cfg.use_sluice_gmm
+                else "jax.lax.ragged_dot"
+            )
+            what = f"{cfg.impl}: {gmm}, dropless"
+        r = 1 if self.mesh is None else self.mesh.shape[self.expert_axis]
+        if r > 1:
+            how = (
+                "all_to_all"
+                if cfg.impl == "dense"
+                else ("sluice.ep" if self.sluice_dispatch else "ragged_all_to_all")
+            )
+            what += f", EP {r} over {how}"
+        return what
+
+    def update_bias(self, load):
+        """Aux-loss-free balancing: raise under-loaded experts' bias, lower over-loaded ones'."""
+        rate = self.cfg.bias_update_rate
+        if rate:
+            self.bias[...] = self.bias[...] + rate * jnp.sign(jnp.mean(load) - load)

@@ -1,0 +1,426 @@
+"""sluice-train: train sluice.model's MoE decoder LM on real text with one of three expert paths.
+
+    sluice-train --preset tiny --moe-impl sluice --steps 300 --out runs/tiny-sluice
+
+Data and expert parallelism over every visible device (``--ep N`` experts split over N devices, the
+batch over all of them). Every ``--log-every`` steps one JSON line in ``OUT/metrics.jsonl``: loss,
+tokens/s per device (TGS), MFU (model FLOPs: 6 x active parameters x tokens + causal attention, over
+the device's dense bf16 peak; 'n/a' where the peak is unknown, e.g. CPUs), dropped-token fraction,
+per-expert load and its spread, peak device memory; validation loss every ``--eval-every`` steps; an
+orbax checkpoint every ``--ckpt-every`` steps (``--resume`` continues from the latest). Batches
+depend only on (seed, step), so a resumed run trains on the same data as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from sluice.data import TokenData
+from sluice.model import PRESETS, ModelConfig, Transformer
+from sluice.moe import IMPLS
+
+DATA_AXIS, EXPERT_AXIS = "data", "expert"
+_global_norm = getattr(getattr(optax, "tree", None), "norm", None) or optax.global_norm
+BF16_PEAK = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "GH200": 989e12, "A100": 312e12}
+
+
+def peak_flops(device) -> float | None:
+    """Dense bf16 peak of one device, or None where unknown (CPUs: MFU is reported as 'n/a')."""
+    if device.platform == "cpu":
+        return None
+    for name, peak in BF16_PEAK.items():
+        if name in device.device_kind:
+            return peak
+    return None
+
+
+def peak_memory_bytes(devices) -> int | None:
+    peaks = []
+    for d in devices:
+        stats = d.memory_stats() if hasattr(d, "memory_stats") else None
+        if stats and "peak_bytes_in_use" in stats:
+            peaks.append(stats["peak_bytes_in_use"])
+    return max(peaks) if peaks else None
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        prog="sluice-train",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    p.add_argument("--moe-impl", default="ragged_dot", choices=IMPLS)
+    p.add_argument("--capacity-factor", type=float, default=1.25, help="dense path only")
+    p.add_argument(
+        "--sluice-dispatch",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="sluice path under --ep: sluice.ep dispatch/combine (auto: when built) or "
+        "ragged_all_to_all",
+    )
+    p.add_argument(
+        "--no-sluice-gmm", action="store_true", help="sluice path with jax.lax.ragged_dot matmuls"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, help="total steps (default: the preset's)")
+    p.add_argument(
+        "--batch-size", type=int, help="global batch in sequences (default: the preset's)"
+    )
+    p.add_argument("--seq-len", type=int, help="default: the preset's")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: the preset's)")
+    p.add_argument("--warmup", type=int, help="warm-up steps (default: the preset's)")
+    p.add_argument("--ep", type=int, help="expert-parallel degree (default: the preset's)")
+    p.add_argument("--devices", type=int, help="use the first N devices (default: all)")
+    p.add_argument("--n-layers", type=int, help="override the preset's layer count")
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--eval-batches", type=int, default=8)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--ckpt-every", type=int, help="default: --eval-every; 0 = only at the end")
+    p.add_argument("--no-ckpt", action="store_true", help="write no checkpoint")
+    p.add_argument("--out", help="run directory (default: runs/PRESET-IMPL[-cfX]-sSEED)")
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the latest checkpoint in --out"
+    )
+    p.add_argument(
+        "--data", help="token file from sluice-prepare-data (default: read the installed docs)"
+    )
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args(argv)
+
+
+def run_name(a) -> str:
+    impl = a.moe_impl + (f"-cf{a.capacity_factor:g}" if a.moe_impl == "dense" else "")
+    return f"{a.preset}-{impl}-s{a.seed}"
+
+
+def build_config(a) -> tuple[ModelConfig, dict]:
+    preset = PRESETS[a.preset]
+    cfg: ModelConfig = preset["model"]
+    dispatch = {"auto": None, "on": True, "off": False}[a.sluice_dispatch]
+    moe = dataclasses.replace(
+        cfg.moe,
+        impl=a.moe_impl,
+        capacity_factor=a.capacity_factor,
+        use_sluice_gmm=not a.no_sluice_gmm,
+        use_sluice_dispatch=dispatch,
+    )
+    cfg = dataclasses.replace(cfg, moe=moe)
+    if a.n_layers:
+        cfg = dataclasses.replace(
+            cfg, n_layers=a.n_layers, n_dense_layers=min(cfg.n_dense_layers, a.n_layers - 1)
+        )
+    hp = {
+        k: getattr(a, k) if getattr(a, k) is not None else preset[k]
+        for k in ("steps", "batch_size", "seq_len", "lr", "warmup", "ep")
+    }
+    return cfg, hp
+
+
+def make_mesh(ep: int, num_devices: int | None) -> Mesh:
+    devices = jax.devices()[: num_devices or None]
+    if len(devices) % ep:
+        raise SystemExit(f"--ep {ep} does not divide the {len(devices)} devices")
+    return Mesh(np.array(devices).reshape(len(devices) // ep, ep), (DATA_AXIS, EXPERT_AXIS))
+
+
+def _is_expert_weight(path, leaf) -> bool:
+    keys = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+    return "ffn" in keys and any(k in ("wi", "wo") for k in keys) and getattr(leaf, "ndim", 0) == 3
+
+
+def shardings_for(tree, mesh: Mesh):
+    """Routed-expert weights (and their optimizer moments) split over the expert axis; the rest
+    replicated."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: NamedSharding(
+            mesh, P(EXPERT_AXIS) if _is_expert_weight(path, leaf) else P()
+        ),
+        tree,
+    )
+
+
+def make_optimizer(hp):
+    """AdamW (b2 0.95, weight decay 0.1 on matrices) after global-norm clipping at 1, warm-up then
+    cosine decay to a tenth. Returns the optimizer and its schedule."""
+    warmup = max(1, min(hp["warmup"], hp["steps"] - 1))
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, hp["lr"], warmup, max(hp["steps"], warmup + 1), end_value=hp["lr"] * 0.1
+    )
+    decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
+    return optax.chain(
+        optax.clip_by_global_norm(1.0),
+        optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=0.1, mask=decay_mask),
+    ), schedule
+
+
+def make_steps(graphdef, opt, cfg: ModelConfig):
+    def loss_fn(params, rest, tokens):
+        logits, aux = nnx.merge(graphdef, params, rest)(tokens[:, :-1])
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+        return ce + cfg.moe.aux_loss_coef * aux["aux_loss"], (ce, aux)
+
+    def train_step(params, rest, opt_state, tokens):
+        (_, (ce, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, rest, tokens)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        model = nnx.merge(graphdef, params, rest)
+        model.update_router_bias(aux["load"])  # aux-loss-free balancing, outside the gradient
+        _, _, rest = nnx.split(model, nnx.Param, ...)
+        metrics = {
+            "loss": ce,
+            "aux_loss": aux["aux_loss"],
+            "grad_norm": _global_norm(grads),
+            "dropped": jnp.mean(aux["dropped"]),
+            "load": aux["load"],
+        }
+        return params, rest, opt_state, metrics
+
+    def eval_step(params, rest, tokens):
+        return loss_fn(params, rest, tokens)[1][0]
+
+    return train_step, eval_step
+
+
+def load_stats(load: np.ndarray) -> dict:
+    """load [L_moe, E] token copies per expert -> its spread: max/mean (1 = balanced) and the
+    coefficient of variation."""
+    mean = load.mean(axis=1, keepdims=True)
+    return {
+        "load_max_over_mean": float((load.max(axis=1, keepdims=True) / mean).max()),
+        "load_cv": float((load.std(axis=1, keepdims=True) / mean).mean()),
+    }
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    cfg, hp = build_config(a)
+    out = os.path.abspath(a.out or os.path.join("runs", run_name(a)))
+    os.makedirs(out, exist_ok=True)
+    mesh = make_mesh(hp["ep"], a.devices)
+    devices = list(mesh.devices.flat)
+    n_dev = len(devices)
+    if hp["batch_size"] % n_dev:
+        raise SystemExit(f"--batch-size {hp['batch_size']} is not divisible by the {n_dev} devices")
+    data = TokenData.load(a.data)
+    bsz, seq = hp["batch_size"], hp["seq_len"]
+    val = data.val_batches(a.eval_batches, bsz, seq)
+
+    model = Transformer(cfg, rngs=nnx.Rngs(a.seed), mesh=mesh)
+    moe_path = model.moe_layers()[0].describe() if model.moe_layers() else "no MoE layer"
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    del model
+    opt, schedule = make_optimizer(hp)
+    opt_state = opt.init(params)
+    state = {"params": params, "rest": rest, "opt_state": opt_state}
+    state_sh = shardings_for(state, mesh)
+    state = jax.device_put(state, state_sh)
+    batch_sh = NamedSharding(mesh, P((DATA_AXIS, EXPERT_AXIS)))
+
+    train_step, eval_step = make_steps(graphdef, opt, cfg)
+    sh = (state_sh["params"], state_sh["rest"], state_sh["opt_state"])
+    train_step = jax.jit(
+        train_step,
+        in_shardings=(*sh, batch_sh),
+        out_shardings=(*sh, None),
+        donate_argnums=(0, 1, 2),
+    )
+    eval_step = jax.jit(eval_step, in_shardings=(sh[0], sh[1], batch_sh))
+
+    ckpt = None
+    if not a.no_ckpt:
+        import orbax.checkpoint as ocp
+
+        ckpt = ocp.CheckpointManager(
+            os.path.join(out, "ckpt"),
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=2, create=True, enable_async_checkpointing=False
+            ),
+        )
+    start, train_time = 0, 0.0
+    metrics_path = os.path.join(out, "metrics.jsonl")
+    if a.resume:
+        if ckpt is None or ckpt.latest_step() is None:
+            raise SystemExit(f"--resume: no checkpoint under {out}/ckpt")
+        import orbax.checkpoint as ocp
+
+        start = ckpt.latest_step()
+        abstract = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, state_sh
+        )
+        state = ckpt.restore(start, args=ocp.args.StandardRestore(abstract))
+        train_time = _last_train_time(metrics_path, start)
+        _truncate_metrics(metrics_path, start)
+        print(f"resumed from step {start} of {out}/ckpt", file=sys.stderr)
+    elif os.path.exists(metrics_path):
+        os.remove(metrics_path)
+
+    peak = peak_flops(devices[0])
+    flops_tok = cfg.flops_per_token(seq)
+    info = {
+        "args": vars(a),
+        "hp": hp,
+        "model": _jsonable(dataclasses.asdict(cfg)),
+        "active_params": cfg.active_params(),
+        "total_params": cfg.total_params(),
+        "flops_per_token": flops_tok,
+        "devices": n_dev,
+        "device_kind": devices[0].device_kind,
+        "mesh": dict(mesh.shape),
+        "moe_path": moe_path,
+        "jax": jax.__version__,
+    }
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(info, f, indent=1)
+    print(
+        f"{run_name(a)}: {cfg.total_params() / 1e6:.1f}M params "
+        f"({cfg.active_params() / 1e6:.1f}M active), "
+        f"{n_dev} x {devices[0].device_kind}, mesh {dict(mesh.shape)}, {bsz}x{seq} tokens/step, "
+        f"MoE {moe_path} -> {out}",
+        file=sys.stderr,
+    )
+
+    log = open(metrics_path, "a")  # noqa: SIM115 (open for the whole loop, closed at its end)
+
+    def emit(rec):
+        log.write(json.dumps(rec) + "\n")
+        log.flush()
+
+    def evaluate(step):
+        losses = [
+            eval_step(state["params"], state["rest"], jax.device_put(b, batch_sh)) for b in val
+        ]
+        v = float(np.mean(jax.device_get(losses)))
+        emit({"kind": "eval", "step": step, "val_loss": v, "train_time": train_time})
+        return v
+
+    def step_once(step):
+        nonlocal state
+        tokens = jax.device_put(data.batch(step, bsz, seq, a.seed), batch_sh)
+        p, r, o, m = train_step(state["params"], state["rest"], state["opt_state"], tokens)
+        state = {"params": p, "rest": r, "opt_state": o}
+        return m
+
+    bar = None
+    if not a.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=hp["steps"], initial=start, dynamic_ncols=True, desc=run_name(a))
+    ckpt_every = a.ckpt_every if a.ckpt_every is not None else a.eval_every
+    step, val_loss = start, None
+    # The first step compiles: timed apart, never counted in TGS.
+    if step < hp["steps"]:
+        t0 = time.perf_counter()
+        m = jax.device_get(step_once(step))
+        compile_s = time.perf_counter() - t0
+        step += 1
+        emit({"kind": "compile", "step": step, "seconds": compile_s, "loss": float(m["loss"])})
+        if bar:
+            bar.update(1)
+    window_start, window_steps = time.perf_counter(), 0
+    while step < hp["steps"]:
+        m = step_once(step)
+        step += 1
+        window_steps += 1
+        do_eval = a.eval_every and (step % a.eval_every == 0 or step == hp["steps"])
+        do_ckpt = ckpt and (step == hp["steps"] or (ckpt_every and step % ckpt_every == 0))
+        if step % a.log_every == 0 or step == hp["steps"] or do_eval or do_ckpt:
+            m = jax.device_get(m)  # the only host sync of the loop
+            dt = time.perf_counter() - window_start
+            train_time += dt
+            tokens = window_steps * bsz * seq
+            rec = {
+                "kind": "train",
+                "step": step,
+                "loss": float(m["loss"]),
+                "aux_loss": float(m["aux_loss"]),
+                "grad_norm": float(m["grad_norm"]),
+                "lr": float(schedule(step - 1)),
+                "dropped": float(m["dropped"]),
+                **load_stats(np.asarray(m["load"])),
+                "step_time": dt / window_steps,
+                "tgs": tokens / dt / n_dev,
+                "mfu": flops_tok * tokens / dt / (peak * n_dev) if peak else "n/a",
+                "peak_mem_gb": _gb(peak_memory_bytes(devices)),
+                "train_time": train_time,
+                "load": np.asarray(m["load"]).astype(int).tolist(),
+            }
+            emit(rec)
+            if bar:
+                bar.set_postfix(
+                    loss=f"{rec['loss']:.3f}",
+                    tgs=f"{rec['tgs']:.0f}",
+                    drop=f"{rec['dropped']:.3f}",
+                    val=f"{val_loss:.3f}" if val_loss else "-",
+                )
+            window_start, window_steps = None, 0
+        if bar:
+            bar.update(1)
+        if do_eval:
+            val_loss = evaluate(step)
+        if do_ckpt:
+            ckpt.save(step, args=ocp_save(state))
+        if window_start is None:
+            window_start = time.perf_counter()
+    if bar:
+        bar.close()
+    if ckpt:
+        ckpt.wait_until_finished()
+    log.close()
+    summary = {"run": run_name(a), "steps": step, "val_loss": val_loss, "out": out}
+    print(json.dumps(summary), file=sys.stderr)
+    return summary
+
+
+def ocp_save(state):
+    import orbax.checkpoint as ocp
+
+    return ocp.args.StandardSave(state)
+
+
+def _gb(b):
+    return None if b is None else round(b / 2**30, 3)
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (int, float, str, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+def _read_metrics(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _last_train_time(path, step) -> float:
+    recs = [r for r in _read_metrics(path) if r.get("kind") == "train" and r["step"] <= step]
+    return recs[-1]["train_time"] if recs else 0.0
+
+
+def _truncate_metrics(path, step):
+    """Drop records past the checkpoint we resume from (they will be produced again)."""
+    recs = [r for r in _read_metrics(path) if r["step"] <= step]
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in recs)
+
+
+if __name__ == "__main__":
+    main()

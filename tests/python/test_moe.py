@@ -1,0 +1,192 @@
+"""The MoE layer: the three expert paths agree where they should, with and without expert
+parallelism.
+
+conftest.py gives the session several CPU devices (set before jax is imported); meshes here use
+four.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("flax")
+from flax import nnx
+from jax.sharding import Mesh
+from sluice import moe
+from sluice.moe import MoE, MoEConfig, capacity, route
+
+SOFTMAX = MoEConfig(
+    d_model=32,
+    d_ff=16,
+    num_experts=8,
+    top_k=2,
+    num_shared_experts=1,
+    router="softmax",
+    aux_loss_coef=0.01,
+    dtype=jnp.float32,
+)
+# DeepSeek-V3 routing: sigmoid scores, selection bias, 4 groups of which 2 may be used, routed
+# scaling.
+SIGMOID = dataclasses.replace(
+    SOFTMAX,
+    router="sigmoid",
+    num_groups=4,
+    topk_groups=2,
+    routed_scaling=2.5,
+    bias_update_rate=0.01,
+    top_k=3,
+)
+NO_DROP = 8.0  # capacity_factor >= E/k: capacity = S, nothing can be dropped
+
+
+def _mesh(dp, ep):
+    if len(jax.devices()) < dp * ep:
+        pytest.skip(f"needs {dp * ep} devices")
+    return Mesh(np.array(jax.devices()[: dp * ep]).reshape(dp, ep), ("data", "expert"))
+
+
+def _x(dtype=jnp.float32, b=4, s=16, d=32):
+    return jax.random.normal(jax.random.key(1), (b, s, d), jnp.float32).astype(dtype)
+
+
+def _run(cfg, x, mesh=None, bias=None):
+    """Forward, and gradients in parameters and input of a fixed random projection of the output."""
+    layer = MoE(cfg, rngs=nnx.Rngs(0), mesh=mesh)
+    if bias is not None:
+        layer.bias[...] = bias
+    graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+    probe = jax.random.normal(jax.random.key(2), x.shape, jnp.float32)
+
+    def f(params, x):
+        y, stats = nnx.merge(graphdef, params, rest)(x)
+        return jnp.sum(y.astype(jnp.float32) * probe), (y, stats)
+
+    (_, (y, stats)), grads = jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(params, x)
+    return y, stats, grads
+
+
+def _close(a, b, atol, rtol=0.0):
+    for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(
+            np.asarray(u, np.float32), np.asarray(v, np.float32), atol=atol, rtol=rtol
+        )
+
+
+@pytest.mark.parametrize("base", [SOFTMAX, SIGMOID], ids=["softmax", "sigmoid-groups"])
+def test_dense_without_drops_equals_dropless(base):
+    x = _x()
+    bias = jnp.linspace(
+        -0.05, 0.05, base.num_experts
+    )  # a non-zero selection bias changes the routing
+    ref = _run(dataclasses.replace(base, impl="ragged_dot"), x, bias=bias)
+    for cfg in (
+        dataclasses.replace(base, impl="dense", capacity_factor=NO_DROP),
+        dataclasses.replace(base, impl="sluice"),
+    ):
+        y, stats, grads = _run(cfg, x, bias=bias)
+        assert float(stats["dropped"]) == 0.0
+        _close(y, ref[0], atol=2e-6)
+        _close(grads, ref[2], atol=2e-6)
+        _close(stats, ref[1], atol=1e-6)
+
+
+def test_dense_drops_past_capacity():
+    x = _x()
+    cfg = dataclasses.replace(SOFTMAX, impl="dense", capacity_factor=1.0)
+    y, stats, _ = _run(cfg, x)
+    load = np.asarray(stats["load"])
+    # Per sequence, each expert keeps at most `capacity` copies: the dropped fraction is at least
+    # what the global load forces, and at most everything past capacity in every sequence.
+    cap = capacity(16, cfg.top_k, cfg.num_experts, 1.0)
+    assert cap == 4
+    assert 0.0 < float(stats["dropped"]) < 1.0
+    assert float(stats["dropped"]) >= np.maximum(load - 4 * cap, 0).sum() / load.sum()
+    assert np.isfinite(np.asarray(y)).all()
+    # More capacity drops less.
+    _, stats2, _ = _run(dataclasses.replace(cfg, capacity_factor=2.0), x)
+    assert float(stats2["dropped"]) < float(stats["dropped"])
+
+
+PATHS = {
+    "dense": {"impl": "dense", "capacity_factor": NO_DROP},
+    "ragged_dot": {"impl": "ragged_dot"},
+    "sluice-gmm+ragged_a2a": {"impl": "sluice", "use_sluice_dispatch": False},
+    "sluice-gmm+ep": {"impl": "sluice", "use_sluice_dispatch": True},
+}
+
+
+@pytest.mark.parametrize("dp,ep", [(2, 2), (1, 4)])
+@pytest.mark.parametrize("path", list(PATHS))
+def test_expert_parallel_equals_single_device(path, dp, ep):
+    if PATHS[path].get("use_sluice_dispatch") and not moe.sluice_ep_available():
+        pytest.skip("sluice.ep not built")
+    x = _x()
+    base = dataclasses.replace(SIGMOID, **PATHS[path])
+    ref = _run(dataclasses.replace(base, impl="ragged_dot"), x)
+    y, stats, grads = _run(base, x, mesh=_mesh(dp, ep))
+    _close(y, ref[0], atol=2e-6)
+    _close(grads, ref[2], atol=2e-6)
+    np.testing.assert_array_equal(stats["load"], ref[1]["load"])
+
+
+def test_expert_parallel_dense_drops_like_single_device():
+    """Capacity is per sequence: sharding the batch over devices drops exactly the same copies."""
+    x = _x()
+    cfg = dataclasses.replace(SOFTMAX, impl="dense", capacity_factor=1.0)
+    ref = _run(cfg, x)
+    y, stats, grads = _run(cfg, x, mesh=_mesh(2, 2))
+    _close(y, ref[0], atol=2e-6)
+    _close(grads, ref[2], atol=2e-6)
+    assert float(stats["dropped"]) == pytest.approx(float(ref[1]["dropped"]))
+
+
+def test_sluice_equals_ragged_dot_bf16():
+    x = _x(jnp.bfloat16)
+    cfg = dataclasses.replace(SIGMOID, dtype=jnp.bfloat16)
+    ref = _run(dataclasses.replace(cfg, impl="ragged_dot"), x)
+    for mesh in (None, _mesh(2, 2)):
+        y, _, grads = _run(dataclasses.replace(cfg, impl="sluice"), x, mesh=mesh)
+        _close(y, ref[0], atol=3e-2, rtol=3e-2)
+        _close(grads, ref[2], atol=5e-2, rtol=5e-2)
+
+
+def test_group_limited_routing_stays_in_groups():
+    cfg = dataclasses.replace(SIGMOID, num_experts=16, num_groups=4, topk_groups=2, top_k=4)
+    logits = jax.random.normal(jax.random.key(3), (64, 16))
+    idx, weights, _ = route(cfg, logits, jnp.zeros(16))
+    groups = np.asarray(idx) // 4
+    assert max(len(set(row)) for row in groups) <= 2
+    np.testing.assert_allclose(
+        np.asarray(weights).sum(-1), 2.5, rtol=1e-5
+    )  # normalised, then scaled
+
+
+def test_bias_update_balances_and_is_not_trained():
+    cfg = dataclasses.replace(SIGMOID, bias_update_rate=0.1)
+    layer = MoE(cfg, rngs=nnx.Rngs(0))
+    assert not isinstance(layer.bias, nnx.Param)  # outside nnx.Param: no optimizer ever sees it
+    load = jnp.array([10.0, 0, 0, 2, 4, 4, 4, 8])
+    layer.update_bias(load)
+    np.testing.assert_allclose(layer.bias[...], 0.1 * np.sign(4.0 - np.asarray(load)))
+
+
+def test_sluice_dispatch_without_sluice_ep_says_so():
+    if moe.sluice_ep_available():
+        pytest.skip("sluice.ep exists")
+    cfg = dataclasses.replace(SOFTMAX, impl="sluice", use_sluice_dispatch=True)
+    with pytest.raises(NotImplementedError, match="sluice.ep"):
+        _run(cfg, _x(), mesh=_mesh(1, 2))
+
+
+def test_bad_config_is_a_clear_error():
+    with pytest.raises(ValueError, match="impl"):
+        dataclasses.replace(SOFTMAX, impl="fast")
+    with pytest.raises(ValueError, match="divisible"):
+        MoE(
+            SOFTMAX,
+            rngs=nnx.Rngs(0),
+            mesh=_mesh(1, 3) if len(jax.devices()) >= 3 else pytest.skip(),
+        )
