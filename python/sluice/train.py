@@ -205,7 +205,14 @@ def load_stats(load: np.ndarray) -> dict:
     }
 
 
-def main(argv=None):
+def main(argv=None) -> int:
+    """The `sluice-train` console script: trains, prints a summary line, exits 0."""
+    run(argv)
+    return 0
+
+
+def run(argv=None) -> dict:
+    """Trains as `sluice-train` would with these arguments; returns the run's summary."""
     a = parse_args(argv)
     cfg, hp = build_config(a)
     out = os.path.abspath(a.out or os.path.join("runs", run_name(a)))
@@ -423,4 +430,4 @@ def _truncate_metrics(path, step):
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
