@@ -65,38 +65,24 @@ lib.sl_gmm_cuda_workspace_size.argtypes = [ctypes.POINTER(GmmDesc)]
 
 DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2, "int32": 3}
 
-# FFI target name -> (symbol, platforms). CUDA handlers exist only in a CUDA build.
-_TARGETS = {
-    "sluice_gmm": "sl_ffi_gmm",
-    "sluice_tgmm": "sl_ffi_tgmm",
-}
-_EXTRA_TARGETS: dict[str, str] = {}
 
 
 def has_cuda() -> bool:
     return bool(lib.sl_has_cuda())
 
 
-def _register(name: str, symbol: str) -> None:
-    jax.ffi.register_ffi_target(
-        name, jax.ffi.pycapsule(getattr(lib, symbol + "_cpu")), platform="cpu"
-    )
-    if has_cuda():  # registering for CUDA is harmless where jax has no GPU backend
-        jax.ffi.register_ffi_target(
-            name, jax.ffi.pycapsule(getattr(lib, symbol + "_cuda")), platform="CUDA"
-        )
-
-
 def register_targets(targets: dict[str, str]) -> None:
-    """Registers FFI targets `name -> symbol prefix` (symbols `<prefix>_cpu` and `<prefix>_cuda`)."""
+    """Registers FFI targets `name -> symbol prefix` (symbols `<prefix>_cpu` and, in a CUDA build,
+    `<prefix>_cuda`; registering for CUDA is harmless where jax has no GPU backend)."""
     for name, symbol in targets.items():
-        if name not in _EXTRA_TARGETS and name not in _TARGETS:
-            _EXTRA_TARGETS[name] = symbol
-        _register(name, symbol)
+        cpu = jax.ffi.pycapsule(getattr(lib, symbol + "_cpu"))
+        jax.ffi.register_ffi_target(name, cpu, platform="cpu")
+        if has_cuda():
+            cuda = jax.ffi.pycapsule(getattr(lib, symbol + "_cuda"))
+            jax.ffi.register_ffi_target(name, cuda, platform="CUDA")
 
 
-for _name, _symbol in _TARGETS.items():
-    _register(_name, _symbol)
+register_targets({"sluice_gmm": "sl_ffi_gmm", "sluice_tgmm": "sl_ffi_tgmm"})
 
 
 def gmm_workspace_bytes(

@@ -36,7 +36,14 @@ def _vary_kw(*refs, extra=()):
 
 
 def match_vma(ct, primal):
-    """A cotangent typed like its primal: an input that is invariant over a mesh axis was implicitly
-    broadcast to every shard, so its cotangent is the sum of the shards' cotangents."""
+    """`ct` with the varying-manual-axes type of its primal, as custom_vjp requires inside shard_map.
+    An axis the primal varies over and ct does not: ct is the same on every shard, so it is only
+    retyped (pcast). An axis ct varies over and the primal does not: the primal was implicitly
+    broadcast to every shard, so its cotangent is the sum of the shards' cotangents (psum)."""
     extra = tuple(sorted(_varying(ct) - _varying(primal)))
-    return jax.lax.psum(ct, extra) if extra else ct
+    if extra:
+        ct = jax.lax.psum(ct, extra)
+    missing = tuple(sorted(_varying(primal) - _varying(ct)))
+    if missing:
+        ct = jax.lax.pcast(ct, missing, to="varying")
+    return ct

@@ -80,7 +80,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _lib
-from ._vma import _SDS_KW, _vary_kw, _varying  # noqa: F401
+from ._vma import _vary_kw, _varying, match_vma
 
 __all__ = [
     "Dispatched",
@@ -444,15 +444,6 @@ def _fan_in_bwd_call(dout, ys, w, pos, group_sizes, l):
     return call(dout, ys, w, pos, group_sizes, num_local_experts=np.int64(l))
 
 
-def _like(ct, primal):
-    """ct with the varying-manual-axes type of `primal` (inside shard_map, an FFI result does not carry
-    it, and custom_vjp insists that a cotangent's type matches its primal's)."""
-    missing = tuple(sorted(_varying(primal) - _varying(ct)))
-    if missing:
-        ct = jax.lax.pcast(ct, missing, to="varying")
-    return ct
-
-
 # ---- dispatch with its VJP -----------------------------------------------------------------------
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _dispatch(x, idx, w, where, cfg):
@@ -470,7 +461,7 @@ def _dispatch_bwd(cfg, res, cts):
     # A weight reaches the one rank owning its expert; elsewhere its slot holds a constant 0.
     ct_w = jnp.where(recv_idx >= 0, ct_w.astype(jnp.float32), 0.0)
     dx, dw = _combine_call(ct_x, ct_w, send_row, where, cfg)
-    return _like(dx, x), None, _like(dw, w), None
+    return match_vma(dx, x), None, match_vma(dw, w), None
 
 
 _dispatch.defvjp(_dispatch_fwd, _dispatch_bwd)
@@ -530,7 +521,7 @@ def _combine_fwd(y, send_row, recv_src, where, cfg):
 
 def _combine_bwd(cfg, res, ct):
     recv_src, where, y = res
-    return _like(_redispatch_call(ct, recv_src, where, cfg), y), None, None, None
+    return match_vma(_redispatch_call(ct, recv_src, where, cfg), y), None, None, None
 
 
 _combine.defvjp(_combine_fwd, _combine_bwd)
@@ -576,7 +567,7 @@ def _fan_out_bwd(l, res, cts):
     dxs = cts[0]  # xs has x's dtype, so does its cotangent
     # Each row of x was copied to the rows pos[i, :] of xs: its gradient is their sum (fan_in with 1s).
     ones = jnp.where(pos >= 0, 1.0, 0.0).astype(jnp.float32)
-    return _like(_fan_in_call(dxs, ones, pos, l, dxs.dtype), x), None
+    return match_vma(_fan_in_call(dxs, ones, pos, l, dxs.dtype), x), None
 
 
 _fan_out.defvjp(_fan_out_fwd, _fan_out_bwd)
@@ -610,7 +601,7 @@ def _fan_in_fwd(ys, w, pos, group_sizes, l, out_dtype):
 def _fan_in_bwd(l, out_dtype, res, dout):
     ys, w, pos, group_sizes = res
     dys, dw = _fan_in_bwd_call(dout, ys, w, pos, group_sizes, l)
-    return _like(dys, ys), _like(dw, w), None, None
+    return match_vma(dys, ys), match_vma(dw, w), None, None
 
 
 _fan_in.defvjp(_fan_in_fwd, _fan_in_bwd)

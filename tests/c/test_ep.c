@@ -14,32 +14,7 @@
 #include <time.h>
 
 #include "sluice.h"
-
-static int failures = 0, checks = 0;
-static pthread_mutex_t check_mu = PTHREAD_MUTEX_INITIALIZER;
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-
-static uint64_t rng(void) { /* xorshift64*; only the main thread draws */
-  rng_state ^= rng_state >> 12;
-  rng_state ^= rng_state << 25;
-  rng_state ^= rng_state >> 27;
-  return rng_state * 0x2545F4914F6CDD1Dull;
-}
-static int rand_int(int lo, int hi) { return lo + (int)(rng() % (uint64_t)(hi - lo + 1)); }
-static float rand_float(void) { return (float)((rng() >> 40) / (double)(1ull << 24) * 2.0 - 1.0); }
-
-#define CHECK(cond, ...)                                   \
-  do {                                                     \
-    pthread_mutex_lock(&check_mu);                         \
-    ++checks;                                              \
-    if (!(cond)) {                                         \
-      ++failures;                                          \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                        \
-      fprintf(stderr, "\n");                               \
-    }                                                      \
-    pthread_mutex_unlock(&check_mu);                       \
-  } while (0)
+#include "test_util.h"
 
 static void *poisoned(size_t bytes) {
   void *p = malloc(bytes ? bytes : 1);
@@ -493,19 +468,6 @@ static void test_fan(void) {
 }
 
 /* bf16 rows through dispatch and combine: the sums round once. */
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 typedef struct bf16_arg {
   int64_t comm;
   int rank;

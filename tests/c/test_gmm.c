@@ -9,45 +9,11 @@
 #include <string.h>
 
 #include "sluice.h"
-
-static int failures = 0, checks = 0;
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-
-static uint64_t rng(void) { /* xorshift64* */
-  rng_state ^= rng_state >> 12;
-  rng_state ^= rng_state << 25;
-  rng_state ^= rng_state >> 27;
-  return rng_state * 0x2545F4914F6CDD1Dull;
-}
-static int rand_int(int lo, int hi) { return lo + (int)(rng() % (uint64_t)(hi - lo + 1)); }
-static float rand_float(void) { return (float)((rng() >> 40) / (double)(1ull << 24) * 2.0 - 1.0); }
-
-#define CHECK(cond, ...)                                   \
-  do {                                                     \
-    ++checks;                                              \
-    if (!(cond)) {                                         \
-      ++failures;                                          \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                        \
-      fprintf(stderr, "\n");                               \
-    }                                                      \
-  } while (0)
+#include "test_util.h"
 
 /* Storage helpers: values are generated in f32, rounded to the storage dtype, and the reference
- * reads the rounded values back so it sees exactly what the kernel sees. */
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-/* f16 for values in (-2, 2): normal range only, which is all the tests generate. */
+ * reads the rounded values back so it sees exactly what the kernel sees (bf16 in test_util.h).
+ * f16 for values in (-2, 2): normal range only, which is all the tests generate. */
 static uint16_t to_f16(float f) {
   if (f == 0.0f) return 0;
   uint32_t u;
