@@ -12,8 +12,9 @@ One set of parameters and one router; ``MoEConfig.impl`` picks how tokens reach 
   ``jax.lax.ragged_dot`` and the results are unsorted. Expert parallelism with
   ``jax.lax.ragged_all_to_all`` and a worst-case receive buffer.
 - ``sluice``: the dropless path on sluice's kernels: ``sluice.gmm`` for the expert matmuls
-  (``use_sluice_gmm``) and ``sluice.ep.dispatch``/``combine`` for expert parallelism
-  (``use_sluice_dispatch``).
+  (``use_sluice_gmm``), token copies put in expert order and summed back by sluice's counting-sort
+  fan-out/fan-in (no argsort, no scatter-add in the backward), and ``sluice.ep.dispatch``/``combine``
+  for expert parallelism (``use_sluice_dispatch``).
 
 Router (always fp32): softmax top-k, or DeepSeek-V3's sigmoid scores with a per-expert selection
 bias that no gradient trains; ``MoE.update_bias`` nudges it toward balance from the measured load
@@ -219,6 +220,13 @@ def _sort_by_expert(x, idx, num_experts):
 def _dropless_local(cfg, x, idx, weights, wi, wo, gmm):
     """x [T,D], all experts local."""
     t, d = x.shape
+    if gmm is _sluice_gmm:
+        # sluice's counting-sort fan-out/fan-in (C/CUDA, no argsort, no scatter-add in the backward).
+        from sluice import ep
+
+        xs, counts, pos = ep._fan_out(x, idx, cfg.num_experts)
+        ys = _swiglu_grouped(xs, wi, wo, counts, gmm)
+        return ep._fan_in(ys, weights.astype(jnp.float32), pos, counts, cfg.num_experts, jnp.float32)
     xs, order, counts = _sort_by_expert(x, idx, cfg.num_experts)
     ys = _swiglu_grouped(xs, wi, wo, counts, gmm)
     y = ys[_inverse_permutation(order)].reshape(t, cfg.top_k, d)
