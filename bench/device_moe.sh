@@ -2,9 +2,11 @@
 # One measurement session of the MoE layer and the training step on a machine with two GPUs:
 # bench_moe.py on one GPU and over two (EP 2), bench_train.sh tgs on one GPU (and with EP 2 when
 # T_TGS2 > 0). On a one-GPU machine only the one-GPU parts run. Every phase runs under a time limit
-# (T_* below, seconds) so the script ends within about 3.5 minutes.
-# Results and logs go to $RESULTS (default $OUT, else bench/results/device-<date>) as at most 8
-# files: summary.txt, moe-{1gpu,ep2}.{jsonl,log}, tgs.md and runs.tgz (the run directories).
+# (T_* below, seconds) so the script ends within about 3.5 minutes. T_MOE_SMALL > 0 adds ragged_dot
+# at a batch where it fits (MOE_SMALL_BATCH, default 1); CONV_STEPS > 0 adds a convergence phase
+# (seed i of CONV_SEEDS on GPU i, its three paths at once; preset CONV_PRESET, default small).
+# Results and logs go to $RESULTS (default $OUT, else bench/results/device-<date>): summary.txt,
+# moe-{1gpu,ep2}.{jsonl,log}, tgs.md, runs.tgz (the run directories), convergence.{md,png,tgz}.
 #
 # It uses the GPU image's own flax and optax (flax 0.12.10 there; flax 0.12.8, the version pinned for
 # jax 0.10.2, does not import under jax 0.11.2), and reads what was carried beside the tree (ignored
@@ -45,6 +47,52 @@ bench_moe_1gpu() {
   CUDA_VISIBLE_DEVICES=0 timeout "${T_MOE:-100}" python3 bench/bench_moe.py "${moe_shape[@]}" \
     --budget 4 --json "$res/moe-1gpu.jsonl" >"$res/moe-1gpu.log" 2>&1
   log "bench_moe, 1 GPU: rc=$?"
+  # ragged_dot does not fit the full batch (XLA expands it to an M x G x K operand): compare it at
+  # the largest batch where it fits.
+  if [ "${T_MOE_SMALL:-0}" -gt 0 ]; then
+    CUDA_VISIBLE_DEVICES=0 timeout "$T_MOE_SMALL" python3 bench/bench_moe.py \
+      --preset "${MOE_PRESET:-dsv3-proxy}" --batch-size "${MOE_SMALL_BATCH:-1}" --budget 3 \
+      --variants dense-cf1.25,ragged_dot,sluice --json "$res/moe-1gpu.jsonl" \
+      >>"$res/moe-1gpu.log" 2>&1
+    log "bench_moe, 1 GPU, batch ${MOE_SMALL_BATCH:-1}: rc=$?"
+  fi
+}
+
+# Convergence at equal steps: dropless (sluice) vs capacity 1.25 / 2.0, one seed per GPU, the three
+# paths of a seed at once on its GPU (small models leave the GPU mostly idle; this is about loss at
+# equal steps, not speed). Then the summary table and the loss plot.
+convergence() {
+  local dir=$work/conv gpu=0 seed name pids=()
+  mkdir -p "$dir"
+  local flags=(--preset "${CONV_PRESET:-small}" --steps "$CONV_STEPS" --log-every 10
+    --eval-every $((CONV_STEPS / 8)) --eval-batches 16 --no-ckpt --no-progress --devices 1)
+  [ -f "$data" ] && flags+=(--data "$data")
+  for seed in ${CONV_SEEDS:-0 1}; do
+    for name in dropless cf1.25 cf2.0; do
+      case $name in
+        dropless) impl=(--moe-impl sluice) ;;
+        *) impl=(--moe-impl dense --capacity-factor "${name#cf}") ;;
+      esac
+      CUDA_VISIBLE_DEVICES=$((gpu % ngpu)) XLA_PYTHON_CLIENT_PREALLOCATE=false \
+        timeout "$T_CONV" python3 -m sluice.train "${flags[@]}" --seed "$seed" "${impl[@]}" \
+        --out "$dir/$name-s$seed" >"$dir/$name-s$seed.log" 2>&1 &
+      pids+=($!)
+    done
+    gpu=$((gpu + 1))
+  done
+  local rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=$((rc + 1)); done
+  log "convergence: $rc of ${#pids[@]} runs failed"
+  python3 bench/summarize_train.py convergence "$dir" >/dev/null 2>&1
+  local runs=() labels=()
+  for seed in ${CONV_SEEDS:-0 1}; do
+    for name in dropless cf1.25 cf2.0; do runs+=("$dir/$name-s$seed"); labels+=("$name s$seed"); done
+  done
+  python3 -m sluice.plot "${runs[@]}" --out "$res/convergence.png" \
+    --labels "$(IFS=,; echo "${labels[*]}")" \
+    --title "${CONV_PRESET:-small}: dropless (sluice) vs capacity factor 1.25 / 2.0" >/dev/null 2>&1
+  cp "$dir/convergence.md" "$res/convergence.md" 2>/dev/null
+  tar czf "$res/convergence.tgz" -C "$work" conv 2>/dev/null
 }
 tgs_1gpu() {
   CUDA_VISIBLE_DEVICES=$1 env "${tgs_env[@]}" timeout "${T_TGS:-110}" \
@@ -60,7 +108,7 @@ if [ "$ngpu" -ge 2 ]; then
   wait
   log "phase B: bench_moe, EP 2"
   timeout "${T_EP:-70}" python3 bench/bench_moe.py "${moe_shape[@]}" --ep 2 --budget 3 \
-    --variants dense-cf1.25,dense-cf2.0,ragged_dot,sluice+a2a,sluice \
+    --variants dense-cf1.25,dense-cf2.0,sluice,sluice+a2a,ragged_dot \
     --json "$res/moe-ep2.jsonl" >"$res/moe-ep2.log" 2>&1
   log "bench_moe, EP 2: rc=$?"
   if [ "${T_TGS2:-0}" -gt 0 ]; then
@@ -78,8 +126,15 @@ else
   tgs_1gpu 0
 fi
 
-tar czf "$res/runs.tgz" -C "$work" . 2>/dev/null
+if [ "${CONV_STEPS:-0}" -gt 0 ]; then
+  log "phase D: convergence, ${CONV_STEPS} steps"
+  T_CONV=${T_CONV:-240}
+  convergence
+fi
+
+tar czf "$res/runs.tgz" -C "$work" --exclude conv . 2>/dev/null
 {
   grep -h -A8 "MoE layer fwd+bwd" "$res"/moe-*.log
   cat "$res/tgs.md"
+  cat "$res/convergence.md"
 } 2>&1 | tee -a "$res/summary.txt"
