@@ -86,63 +86,68 @@ def tgs(out):
 
 
 def convergence(out):
-    rows, table = {}, []
-    cfg = None
+    """Validation loss of each path and seed at the last evaluation step that every run reached (the
+    planned last step when all finished; runs cut short by a time limit are marked)."""
     dirs = [d for d in os.listdir(out) if os.path.isdir(os.path.join(out, d)) and "-s" in d]
     seeds = sorted({int(d.rsplit("-s", 1)[1]) for d in dirs})
-    for name in ("dropless", "cf1.25", "cf2.0", "nodrop"):
-        vals, drops, times = [], [], []
-        for seed in seeds:
-            run = os.path.join(out, f"{name}-s{seed}")
-            recs = _records(run)
-            evals = [r for r in recs if r["kind"] == "eval"]
-            train = [r for r in recs if r["kind"] == "train"]
-            if not evals:
-                continue
-            with open(os.path.join(run, "config.json")) as f:
-                run_cfg = json.load(f)
-            if evals[-1]["step"] != run_cfg["hp"]["steps"]:
-                continue  # unfinished
-            cfg = cfg or run_cfg
-            vals.append(evals[-1]["val_loss"])
-            drops.append(statistics.mean(r["dropped"] for r in train))
-            times.append(train[-1]["train_time"])
-        rows[name] = {"val_loss": vals, "mean_dropped": drops, "train_time_s": times}
-        if vals:
-            table.append(
-                f"| {name} | {' / '.join(f'{v:.4f}' for v in vals)} | "
-                f"{statistics.mean(vals):.4f} | "
-                f"{statistics.mean(drops):.4f} | {statistics.mean(times):.0f} |"
-            )
-    with open(os.path.join(out, "convergence.json"), "w") as f:
-        json.dump(rows, f, indent=1)
-    if cfg is None:
-        _write(os.path.join(out, "convergence.md"), ["no finished run"])
+    runs = {}  # (name, seed) -> (config, {step: val_loss}, train records)
+    for d in dirs:
+        name, seed = d.rsplit("-s", 1)
+        recs = _records(os.path.join(out, d))
+        evals = {r["step"]: r["val_loss"] for r in recs if r["kind"] == "eval"}
+        if evals:
+            with open(os.path.join(out, d, "config.json")) as f:
+                runs[name, int(seed)] = (json.load(f), evals, [r for r in recs if r["kind"] == "train"])
+    if not runs:
+        with open(os.path.join(out, "convergence.json"), "w") as f:
+            json.dump({}, f)
+        _write(os.path.join(out, "convergence.md"), ["no run reached an evaluation"])
         return
+    step = min(max(evals) for _, evals, _ in runs.values())
+    planned = next(iter(runs.values()))[0]["hp"]["steps"]
+    rows, table = {}, []
+    for name in ("dropless", "cf1.25", "cf2.0", "nodrop"):
+        got = [(seed, runs[name, seed]) for seed in seeds if (name, seed) in runs]
+        if not got:
+            continue
+        vals = [evals[step] for _, (_, evals, _) in got]
+        upto = [[r for r in train if r["step"] <= step] for _, (_, _, train) in got]
+        drops = [statistics.mean(r["dropped"] for r in t) for t in upto if t]
+        short = [f"s{seed}" for seed, (c, evals, _) in got if max(evals) < c["hp"]["steps"]]
+        rows[name] = {"seeds": [s for s, _ in got], "val_loss": vals, "mean_dropped": drops,
+                      "cut_short": short}
+        table.append(
+            f"| {name} | {' / '.join(f'{v:.4f}' for v in vals)} | {statistics.mean(vals):.4f} | "
+            f"{max(vals) - min(vals):.4f} | {statistics.mean(drops):.4f} | "
+            f"{', '.join(short) or '-'} |"
+        )
+    with open(os.path.join(out, "convergence.json"), "w") as f:
+        json.dump({"step": step, "planned_steps": planned, "paths": rows}, f, indent=1)
+    cfg = next(iter(runs.values()))[0]
     hp = cfg["hp"]
     lines = [
         (
-            f"Convergence at equal steps: preset {cfg['args']['preset']}, {hp['steps']} steps of "
-            f"{hp['batch_size']}x{hp['seq_len']} tokens, {cfg['devices']} x {cfg['device_kind']}, "
-            f"jax {cfg['jax']}; dropless path: --moe-impl {cfg['args']['moe_impl']}."
+            f"Convergence at equal steps: preset {cfg['args']['preset']}, validation loss at step {step} "
+            f"(of {planned} planned) of {hp['batch_size']}x{hp['seq_len']} tokens per step, "
+            f"{cfg['devices']} x {cfg['device_kind']}, jax {cfg['jax']}."
         ),
         "Validation loss (nats per byte) on the fixed validation split of the python3-doc sources.",
         "",
         (
-            f"| path | val loss, seeds {' / '.join(map(str, seeds))} | mean | mean dropped fraction "
-            "| train time (s) |"
+            f"| path | val loss, seeds {' / '.join(map(str, seeds))} | mean | seed spread "
+            f"| mean dropped fraction to step {step} | runs cut short before step {planned} |"
         ),
-        "| --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- |",
         *table,
     ]
-    a, b = rows["dropless"]["val_loss"], rows["nodrop"]["val_loss"]
+    a, b = rows.get("dropless", {}).get("val_loss"), rows.get("nodrop", {}).get("val_loss")
     if a and b:
         gaps = [abs(x - y) for x, y in zip(a, b)]
         lines += [
             "",
             (
                 f"nodrop and dropless are the same model computed two ways (bf16 rounding differs, so "
-                f"routing decisions and then trajectories diverge): their final validation losses differ "
+                f"routing decisions and then trajectories diverge): their validation losses differ "
                 f"by {statistics.mean(gaps):.4f} on average (at most {max(gaps):.4f}) at equal seed. "
                 "Differences between paths smaller than that are noise."
             ),
