@@ -97,7 +97,11 @@ def convergence(out):
         evals = {r["step"]: r["val_loss"] for r in recs if r["kind"] == "eval"}
         if evals:
             with open(os.path.join(out, d, "config.json")) as f:
-                runs[name, int(seed)] = (json.load(f), evals, [r for r in recs if r["kind"] == "train"])
+                runs[name, int(seed)] = (
+                    json.load(f),
+                    evals,
+                    [r for r in recs if r["kind"] == "train"],
+                )
     if not runs:
         with open(os.path.join(out, "convergence.json"), "w") as f:
             json.dump({}, f)
@@ -114,8 +118,12 @@ def convergence(out):
         upto = [[r for r in train if r["step"] <= step] for _, (_, _, train) in got]
         drops = [statistics.mean(r["dropped"] for r in t) for t in upto if t]
         short = [f"s{seed}" for seed, (c, evals, _) in got if max(evals) < c["hp"]["steps"]]
-        rows[name] = {"seeds": [s for s, _ in got], "val_loss": vals, "mean_dropped": drops,
-                      "cut_short": short}
+        rows[name] = {
+            "seeds": [s for s, _ in got],
+            "val_loss": vals,
+            "mean_dropped": drops,
+            "cut_short": short,
+        }
         table.append(
             f"| {name} | {' / '.join(f'{v:.4f}' for v in vals)} | {statistics.mean(vals):.4f} | "
             f"{max(vals) - min(vals):.4f} | {statistics.mean(drops):.4f} | "

@@ -28,7 +28,10 @@ shard, averaged over shards)}``.
 
 Parallelism: give the layer a ``mesh`` with a data axis and an expert axis. The layer runs in
 ``shard_map``: tokens are split over both axes (the expert axis also splits the batch), expert
-weights over the expert axis, everything else is replicated.
+weights over the expert axis, everything else is replicated. With ``fsdp`` the routed experts'
+weights (and so their gradients and optimizer moments) are also split over the data axis along
+d_model (``expert_weight_specs``); each layer gathers its shard's experts in the compute dtype and
+its backward reduce-scatters their gradients.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class MoEConfig:
     capacity_factor: float = 1.25  # dense only
     use_sluice_gmm: bool = True  # sluice only
     use_sluice_dispatch: bool | None = None  # sluice only: None = when sluice.ep exists
+    fsdp: bool = False  # also split the routed experts' weights over the data axis (along d_model)
     dtype: Any = jnp.bfloat16  # compute dtype of the experts
     init_std: float = 0.02
     out_init_std: float = 0.02
@@ -226,7 +230,9 @@ def _dropless_local(cfg, x, idx, weights, wi, wo, gmm):
 
         xs, counts, pos = ep._fan_out(x, idx, cfg.num_experts)
         ys = _swiglu_grouped(xs, wi, wo, counts, gmm)
-        return ep._fan_in(ys, weights.astype(jnp.float32), pos, counts, cfg.num_experts, jnp.float32)
+        return ep._fan_in(
+            ys, weights.astype(jnp.float32), pos, counts, cfg.num_experts, jnp.float32
+        )
     xs, order, counts = _sort_by_expert(x, idx, cfg.num_experts)
     ys = _swiglu_grouped(xs, wi, wo, counts, gmm)
     y = ys[_inverse_permutation(order)].reshape(t, cfg.top_k, d)
@@ -387,8 +393,13 @@ def moe_block(
     reduce_axes=(),
     emulate_a2a=False,
     sluice_dispatch=False,
+    fsdp_axis=None,
 ):
-    """x [B,S,D] (compute dtype) -> (y [B,S,D], stats); wi/wo hold this shard's experts."""
+    """x [B,S,D] (compute dtype) -> (y [B,S,D], stats); wi/wo hold this shard's experts, split along
+    d_model over ``fsdp_axis`` when given (gathered here; the backward reduce-scatters)."""
+    if fsdp_axis is not None:
+        wi = jax.lax.all_gather(wi, fsdp_axis, axis=1, tiled=True)
+        wo = jax.lax.all_gather(wo, fsdp_axis, axis=2, tiled=True)
     b, s, d = x.shape
     logits = jnp.dot(x.reshape(b * s, d).astype(jnp.float32), router_w)
     idx, weights, scores = route(cfg, logits, bias)
@@ -459,6 +470,14 @@ class SwiGLU(nnx.Module):
         return jnp.dot(act, self.wo[...].astype(self.dtype))
 
 
+def expert_weight_specs(cfg: MoEConfig, data_axis: str = "data", expert_axis: str = "expert"):
+    """PartitionSpecs of the routed experts' wi [E, D, 2F] and wo [E, F, D]: experts over
+    ``expert_axis``; with ``cfg.fsdp`` also d_model over ``data_axis``."""
+    if cfg.fsdp:
+        return P(expert_axis, data_axis, None), P(expert_axis, None, data_axis)
+    return P(expert_axis), P(expert_axis)
+
+
 class MoE(nnx.Module):
     """Routed SwiGLU experts plus optional shared experts. ``__call__(x [B,S,D]) -> (y, stats)``.
 
@@ -507,6 +526,10 @@ class MoE(nnx.Module):
                 f"num_experts={e} is not divisible by the expert axis size "
                 f"{mesh.shape[expert_axis]}"
             )
+        if mesh is not None and cfg.fsdp and d % mesh.shape[data_axis]:
+            raise ValueError(
+                f"fsdp: d_model={d} is not divisible by the data axis size {mesh.shape[data_axis]}"
+            )
         self.sluice_dispatch = (
             mesh is not None
             and mesh.shape[expert_axis] > 1
@@ -527,6 +550,7 @@ class MoE(nnx.Module):
         else:
             ep = self.expert_axis if self.mesh.shape[self.expert_axis] > 1 else None
             axes = (self.data_axis, self.expert_axis)
+            fsdp = cfg.fsdp and self.mesh.shape[self.data_axis] > 1
             fn = partial(
                 moe_block,
                 cfg,
@@ -534,13 +558,14 @@ class MoE(nnx.Module):
                 reduce_axes=axes,
                 emulate_a2a=self.mesh.devices.flat[0].platform == "cpu",
                 sluice_dispatch=self.sluice_dispatch,
+                fsdp_axis=self.data_axis if fsdp else None,
             )
             tokens = P(axes)
-            experts = P(self.expert_axis)
+            wi_spec, wo_spec = expert_weight_specs(cfg, self.data_axis, self.expert_axis)
             y, stats = jax.shard_map(
                 fn,
                 mesh=self.mesh,
-                in_specs=(tokens, P(), P(), experts, experts),
+                in_specs=(tokens, P(), P(), wi_spec, wo_spec),
                 out_specs=(tokens, P()),
             )(*args)
         if self.shared is not None:

@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 
 from sluice.data import TokenData
 from sluice.model import PRESETS, ModelConfig, Transformer
-from sluice.moe import IMPLS
+from sluice.moe import IMPLS, expert_weight_specs
 
 DATA_AXIS, EXPERT_AXIS = "data", "expert"
 _global_norm = getattr(getattr(optax, "tree", None), "norm", None) or optax.global_norm
@@ -85,6 +85,11 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, help="warm-up steps (default: the preset's)")
     p.add_argument("--ep", type=int, help="expert-parallel degree (default: the preset's)")
     p.add_argument("--devices", type=int, help="use the first N devices (default: all)")
+    p.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="also split the routed experts' weights and optimizer state over the data axis",
+    )
     p.add_argument("--n-layers", type=int, help="override the preset's layer count")
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--eval-batches", type=int, default=8)
@@ -117,6 +122,7 @@ def build_config(a) -> tuple[ModelConfig, dict]:
         capacity_factor=a.capacity_factor,
         use_sluice_gmm=not a.no_sluice_gmm,
         use_sluice_dispatch=dispatch,
+        fsdp=a.fsdp,
     )
     cfg = dataclasses.replace(cfg, moe=moe)
     if a.n_layers:
@@ -142,14 +148,24 @@ def _is_expert_weight(path, leaf) -> bool:
     return "ffn" in keys and any(k in ("wi", "wo") for k in keys) and getattr(leaf, "ndim", 0) == 3
 
 
-def shardings_for(tree, mesh: Mesh):
-    """Routed-expert weights (and their optimizer moments) split over the expert axis; the rest
-    replicated."""
+def shardings_for(tree, mesh: Mesh, moe_cfg=None):
+    """Routed-expert weights (and their optimizer moments) split over the expert axis (and, with
+    ``moe_cfg.fsdp``, along d_model over the data axis); the rest replicated."""
+    fsdp = moe_cfg is not None and moe_cfg.fsdp
+    wi_spec, wo_spec = (
+        expert_weight_specs(moe_cfg, DATA_AXIS, EXPERT_AXIS) if fsdp else (None, None)
+    )
+
+    def spec(path, leaf):
+        if not _is_expert_weight(path, leaf):
+            return P()
+        if not fsdp:
+            return P(EXPERT_AXIS)
+        keys = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+        return wi_spec if "wi" in keys else wo_spec
+
     return jax.tree_util.tree_map_with_path(
-        lambda path, leaf: NamedSharding(
-            mesh, P(EXPERT_AXIS) if _is_expert_weight(path, leaf) else P()
-        ),
-        tree,
+        lambda path, leaf: NamedSharding(mesh, spec(path, leaf)), tree
     )
 
 
@@ -233,7 +249,7 @@ def run(argv=None) -> dict:
     opt, schedule = make_optimizer(hp)
     opt_state = opt.init(params)
     state = {"params": params, "rest": rest, "opt_state": opt_state}
-    state_sh = shardings_for(state, mesh)
+    state_sh = shardings_for(state, mesh, cfg.moe)
     state = jax.device_put(state, state_sh)
     batch_sh = NamedSharding(mesh, P((DATA_AXIS, EXPERT_AXIS)))
 

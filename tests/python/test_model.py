@@ -98,10 +98,11 @@ def _records(out, kind):
 
 
 @pytest.mark.skipif(not HAVE_DOCS, reason=f"corpus not installed: {data.APT_HINT}")
-def test_training_lowers_loss_and_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ep", "ep+fsdp"])
+def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp):
     """Eight steps of a two-layer tiny model, data- and expert-parallel over four CPU devices with
-    the sluice path; then the run is resumed from its step-4 checkpoint and must end on the same
-    loss."""
+    the sluice path (with fsdp: expert weights and their optimizer state also split over the data
+    axis); then the run is resumed from its step-4 checkpoint and must end on the same loss."""
     from sluice import train
 
     if len(jax.devices()) < 4:
@@ -139,6 +140,8 @@ def test_training_lowers_loss_and_resumes_exactly(tmp_path):
         out,
         "--no-progress",
     ]
+    if fsdp:
+        argv.insert(0, "--fsdp")
     train.main(argv)
     steps = _records(out, "train")
     assert [r["step"] for r in steps] == list(range(2, 9))
