@@ -10,7 +10,11 @@ GB/s counts only bytes that cross to another rank (a rank's rows to itself do no
                                                              #  a sweep of SM counts)
   python3 bench/bench_ep.py --part jax --out results.json    # sluice, NCCL and ragged_all_to_all, all
                                                              # inside jit(shard_map) on the same inputs
+  python3 bench/bench_ep.py --part mp --out results.json     # the jax part in 2 processes (one GPU
+                                                             # each), transports ipc and nccl
   python3 bench/bench_ep.py --report a.json b.json --md out.md
+
+--transports (capi part) also times the ipc and nccl transports (one process, --transport-sms SMs).
 
 `--small` shrinks the workload (a smoke test; the jax part then also runs on CPU devices).
 """
@@ -98,37 +102,48 @@ def part_capi(args):
                 en.synchronize()
         return max(cp.cuda.get_elapsed_time(s, en) for s, en in zip(starts, ends)) / n * 1e3  # us
 
-    for sms in args.sms:
-        comm = C.make_comm(r, num_sms=sms)
+    runs = [("peer", sms) for sms in args.sms] + [
+        (tr, args.transport_sms) for tr in args.transports if tr != "peer"
+    ]
+    for tr, sms in runs:
+        try:
+            comm = C.make_comm(r, num_sms=sms, transport=tr, buffer_bytes=512 << 20)
+        except RuntimeError as ex:
+            print(f"capi {tr}: {ex}", flush=True)
+            res.setdefault("errors", {})[tr] = str(ex)[:500]
+            continue
         ranks = [
             C.Rank(dv, t, h, k, e, r, x[dv].view(np.uint16), idx[dv], w[dv]) for dv in range(r)
         ]
-        ranks_fn_d = lambda rk, comm=comm: rk.dispatch(comm, d)
-        for _ in range(3):
-            timed(ranks, ranks_fn_d, 2)  # warm up
-        disp = [timed(ranks, ranks_fn_d, args.iters) for _ in range(args.reps)]
-        comb_fn = lambda rk, comm=comm: rk.combine(comm, d, rk.recv_x)
-        timed(ranks, comb_fn, 2)
-        comb = [timed(ranks, comb_fn, args.iters) for _ in range(args.reps)]
-        # correctness of what was timed: every token back, summed over the ranks it went to
-        nrecv = [int(rk.num_recv.get()[0]) for rk in ranks]
-        dt, ct = statistics.median(disp), statistics.median(comb)
         crossing = statistics.mean(rows) * row_bytes
-        res["sms"][str(sms)] = {
-            "dispatch_us": dt,
-            "combine_us": ct,
-            "dispatch_all_us": disp,
-            "combine_all_us": comb,
-            "dispatch_gbps": crossing / dt / 1e3,
-            "combine_gbps": crossing / ct / 1e3,
-            "num_recv": nrecv,
-        }
-        print(
-            f"capi sms={sms}: dispatch {dt:.1f} us ({crossing / dt / 1e3:.0f} GB/s), "
-            f"combine {ct:.1f} us ({crossing / ct / 1e3:.0f} GB/s), rows received {nrecv}",
-            flush=True,
-        )
-        C.check(C.lib.sl_ep_comm_destroy(comm), "destroy")
+        slot = res["sms"] if tr == "peer" else res.setdefault("transports", {})
+        entry = slot.setdefault(str(sms) if tr == "peer" else tr, {"sms": sms})
+        try:  # one transport failing must not lose the others' figures
+            ranks_fn_d = lambda rk, comm=comm: rk.dispatch(comm, d)
+            for _ in range(3):
+                timed(ranks, ranks_fn_d, 2)  # warm up
+            disp = [timed(ranks, ranks_fn_d, args.iters) for _ in range(args.reps)]
+            dt = statistics.median(disp)
+            entry.update(dispatch_us=dt, dispatch_all_us=disp, dispatch_gbps=crossing / dt / 1e3)
+            entry["num_recv"] = [int(rk.num_recv.get()[0]) for rk in ranks]
+            print(
+                f"capi {tr} sms={sms}: dispatch {dt:.1f} us ({crossing / dt / 1e3:.0f} GB/s), "
+                f"rows received {entry['num_recv']}",
+                flush=True,
+            )
+            comb_fn = lambda rk, comm=comm: rk.combine(comm, d, rk.recv_x)
+            timed(ranks, comb_fn, 2)
+            comb = [timed(ranks, comb_fn, args.iters) for _ in range(args.reps)]
+            ct = statistics.median(comb)
+            entry.update(combine_us=ct, combine_all_us=comb, combine_gbps=crossing / ct / 1e3)
+            print(
+                f"capi {tr} sms={sms}: combine {ct:.1f} us ({crossing / ct / 1e3:.0f} GB/s)",
+                flush=True,
+            )
+        except RuntimeError as ex:
+            print(f"capi {tr} sms={sms}: {ex}", flush=True)
+            entry["error"] = str(ex)[:500]
+        C.lib.sl_ep_comm_destroy(comm)
         del ranks
     # the layout kernel alone, on one GPU
     with cp.cuda.Device(0):
@@ -189,20 +204,42 @@ def part_jax(args):
     from jax.sharding import PartitionSpec as P
     from sluice import ep
 
+    multi = args.nprocs > 1
+    if multi:  # one GPU per process, every process sees every GPU
+        jax.distributed.initialize(
+            coordinator_address=f"127.0.0.1:{args.port}",
+            num_processes=args.nprocs,
+            process_id=args.proc,
+            local_device_ids=[args.proc],
+        )
     r = args.ranks
     wl = workload(args.small)
     t, h, k, e = wl["t"], wl["h"], wl["k"], wl["e"]
     l = e // r
-    devs = jax.devices()[:r]
+    devs = sorted(jax.devices(), key=lambda d: d.id)[:r]
     mesh = Mesh(np.array(devs), ("ep",))
-    ep.setup(mesh, "ep", num_sms=args.sms[0] if args.sms else 20)
+    ep.setup(
+        mesh,
+        "ep",
+        num_sms=args.sms[0] if args.sms else 20,
+        transport=args.transport,
+        buffer_bytes=512 << 20,
+    )
+    transport = ep._COMMS["ep"][-1].transport
     idx = routing(r, t, k, e)
     rows, pairs = crossing_rows(idx, r, e)
     rng = np.random.default_rng(1)
     sh = NamedSharding(mesh, P("ep"))
-    x = jax.device_put(jnp.asarray(rng.standard_normal((r * t, h)), jnp.bfloat16), sh)
-    w = jax.device_put(jnp.asarray(rng.random((r * t, k)), jnp.float32), sh)
-    di = jax.device_put(jnp.asarray(idx.reshape(r * t, k)), sh)
+
+    def put(a):
+        a = np.asarray(a)
+        if multi:
+            return jax.make_array_from_callback(a.shape, sh, lambda i: a[i])
+        return jax.device_put(jnp.asarray(a), sh)
+
+    x = put(np.asarray(jnp.asarray(rng.standard_normal((r * t, h)), jnp.bfloat16)))
+    w = put(rng.random((r * t, k)).astype(np.float32))
+    di = put(idx.reshape(r * t, k))
     row_bytes = h * 2
     res = {
         "workload": wl,
@@ -211,6 +248,9 @@ def part_jax(args):
         "crossing_pairs": pairs,
         "device": str(devs[0].device_kind),
         "platform": devs[0].platform,
+        "transport": transport,
+        "processes": args.nprocs,
+        "sms": args.sms[0] if args.sms else 20,
     }
 
     def wall(f, *a, reps=args.reps):
@@ -268,7 +308,7 @@ def part_jax(args):
 
         return jax.jit(shard_map(body, mesh=mesh, in_specs=P("ep"), out_specs=P("ep")))
 
-    ya = jax.device_put(jnp.asarray(rng.standard_normal((r * r * cnt, h)), jnp.bfloat16), sh)
+    ya = put(np.asarray(jnp.asarray(rng.standard_normal((r * r * cnt, h)), jnp.bfloat16)))
     a2a = per_op(make_a2a, ya)
     a2a_bytes = cnt * (r - 1) * row_bytes
     res["nccl_a2a_us"], res["nccl_a2a_gbps"] = a2a, a2a_bytes / a2a / 1e3
@@ -287,6 +327,8 @@ def part_jax(args):
     out_off = np.cumsum(sizes, axis=0) - sizes  # where s's block lands in d's buffer: [s, d]
     recv_sizes = sizes.T  # [d, s]
 
+    if multi:  # the ragged baseline runs once, in the one-process part
+        return res
     xg = jnp.asarray(np.asarray(x).reshape(r, t, h))
     xs = jax.device_put(jnp.stack([xg[s][tok[s]] for s in range(r)]).reshape(r * t * k, h), sh)
     as_i32 = lambda a: jax.device_put(jnp.asarray(a.astype(np.int32)).reshape(-1), sh)
@@ -320,6 +362,59 @@ def part_jax(args):
     return res
 
 
+def part_mp(args):
+    """The jax part in args.ranks processes (one GPU each), once per transport; process 0 reports."""
+    import socket
+    import subprocess
+    import tempfile
+
+    out = {}
+    for tr in args.mp_transports:
+        with socket.socket() as so:
+            so.bind(("127.0.0.1", 0))
+            port = so.getsockname()[1]
+        tmp = tempfile.mktemp(suffix=".json")
+        env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1")
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        cmd = [
+            sys.executable,
+            __file__,
+            "--part",
+            "jax",
+            "--nprocs",
+            str(args.ranks),
+            "--port",
+            str(port),
+            "--transport",
+            tr,
+            "--sms",
+            str(args.sms[0] if args.sms else 20),
+            "--reps",
+            str(args.reps),
+            "--unroll",
+            str(args.unroll),
+        ] + (["--small"] if args.small else [])
+        procs = [
+            subprocess.Popen(cmd + ["--proc", str(i)] + (["--out", tmp] if i == 0 else []), env=env)
+            for i in range(args.ranks)
+        ]
+        ok = True
+        for p in procs:
+            try:
+                ok = p.wait(timeout=args.mp_timeout) == 0 and ok
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                ok = False
+        if ok and os.path.exists(tmp):
+            with open(tmp) as f:
+                out[tr] = json.load(f)["jax"]
+        else:
+            out[tr] = {"error": f"the {args.ranks} processes failed (see the log)"}
+        print(f"mp {tr}: {json.dumps(out[tr])[:400]}", flush=True)
+    return out
+
+
 def versions():
     out = {
         "python": platform.python_version(),
@@ -339,7 +434,7 @@ def report(paths, md):
         if os.path.exists(p):
             with open(p) as f:
                 data.update(json.load(f))
-    capi, jx = data.get("capi", {}), data.get("jax", {})
+    capi, jx, mp = data.get("capi", {}), data.get("jax", {}), data.get("mp", {})
     lines = [
         "# sluice.ep dispatch / combine, 2 GPUs of one host",
         "",
@@ -357,13 +452,24 @@ def report(paths, md):
         "| what | time (us) | GB/s |",
         "| --- | --- | --- |",
     ]
-    for sms, v in sorted(capi.get("sms", {}).items(), key=lambda kv: int(kv[0])):
-        lines.append(
-            f"| sluice dispatch, C API, {sms} SMs (layout + counts + data) | {v['dispatch_us']:.1f} | {v['dispatch_gbps']:.0f} |"
-        )
-        lines.append(
-            f"| sluice combine, C API, {sms} SMs | {v['combine_us']:.1f} | {v['combine_gbps']:.0f} |"
-        )
+    runs = [
+        (f"{sms} SMs", v)
+        for sms, v in sorted(capi.get("sms", {}).items(), key=lambda kv: int(kv[0]))
+    ]
+    runs += [
+        (f"transport {tr} (one process), {v['sms']} SMs", v)
+        for tr, v in capi.get("transports", {}).items()
+    ]
+    for what, v in runs:
+        for op in ("dispatch", "combine"):
+            if op + "_us" in v:
+                lines.append(
+                    f"| sluice {op}, C API, {what} | {v[op + '_us']:.1f} | {v[op + '_gbps']:.0f} |"
+                )
+        if "error" in v:
+            lines.append(f"| C API, {what} | failed: {v['error'][:120]} | |")
+    for tr, err in capi.get("errors", {}).items():
+        lines.append(f"| C API, transport {tr} | failed: {err[:120]} | |")
     if "layout_us" in capi:
         lines.append(f"| layout kernel alone (1 block) | {capi['layout_us']:.1f} | |")
     for key, name in (
@@ -374,6 +480,23 @@ def report(paths, md):
     ):
         if key + "_us" in jx:
             lines.append(f"| {name} | {jx[key + '_us']:.1f} | {jx[key + '_gbps']:.1f} |")
+    for tr, v in mp.items():
+        if "error" in v:
+            lines.append(f"| {tr} in 2 processes | failed: {v['error'][:120]} | |")
+            continue
+        for key, name in (
+            (
+                "sluice_dispatch",
+                f"sluice dispatch in jit, 2 processes, transport {v.get('transport', tr)}",
+            ),
+            (
+                "sluice_combine",
+                f"sluice combine in jit, 2 processes, transport {v.get('transport', tr)}",
+            ),
+            ("nccl_a2a", "XLA all_to_all (NCCL), 2 processes, same rows"),
+        ):
+            if key + "_us" in v:
+                lines.append(f"| {name} | {v[key + '_us']:.1f} | {v[key + '_gbps']:.1f} |")
     if "ragged_a2a_error" in jx:
         lines.append(f"| jax.lax.ragged_all_to_all | failed: {jx['ragged_a2a_error'][:120]} | |")
     lines.append("")
@@ -394,7 +517,15 @@ def report(paths, md):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", choices=["capi", "jax"])
+    ap.add_argument("--part", choices=["capi", "jax", "mp"])
+    ap.add_argument("--transports", nargs="*", default=["peer"], help="capi: peer ipc nccl")
+    ap.add_argument("--transport-sms", type=int, default=24)
+    ap.add_argument("--transport", default="auto", help="jax: sluice.ep.setup's transport")
+    ap.add_argument("--mp-transports", nargs="*", default=["ipc", "nccl"])
+    ap.add_argument("--mp-timeout", type=int, default=200)
+    ap.add_argument("--nprocs", type=int, default=1)
+    ap.add_argument("--proc", type=int, default=0)
+    ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--out")
     ap.add_argument("--report", nargs="*")
     ap.add_argument("--md")
@@ -408,11 +539,14 @@ def main():
     if args.report is not None:
         report(args.report, args.md)
         return
-    res = part_capi(args) if args.part == "capi" else part_jax(args)
+    res = {"capi": part_capi, "jax": part_jax, "mp": part_mp}[args.part](args)
     out = {args.part: res, "versions": versions()}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
+    if args.nprocs > 1:
+        sys.stdout.flush()
+        os._exit(0)  # past jax.distributed's shutdown barrier: the launcher collects the results
 
 
 if __name__ == "__main__":

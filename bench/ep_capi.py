@@ -79,15 +79,33 @@ def ptr(a):
     return vp(a.data.ptr) if a is not None else vp(0)
 
 
-def make_comm(r, num_sms=20, timeout_s=None):
+TRANSPORTS = {"peer": 0, "ipc": 1, "nccl": 2}
+
+
+def make_comm(r, num_sms=20, timeout_s=None, transport="peer", buffer_bytes=0):
+    """A communicator over GPUs 0..r-1 of this process. transport: peer (NVLink, rows straight
+    between the buffers), ipc (staging areas, as across processes), nccl (our NCCL communicator)."""
     if timeout_s is None:
         timeout_s = float(os.environ.get("SLUICE_EP_TIMEOUT", "20"))
     ords = (ctypes.c_int * r)(*range(r))
     d = _CommDesc(
-        ctypes.sizeof(_CommDesc), 1, r, timeout_s, 1, ctypes.cast(ords, P(ctypes.c_int)), num_sms
+        ctypes.sizeof(_CommDesc),
+        1,
+        r,
+        timeout_s,
+        1,
+        ctypes.cast(ords, P(ctypes.c_int)),
+        num_sms,
+        TRANSPORTS[transport],
+        buffer_bytes,
     )
     cid = ctypes.c_int64(0)
     check(lib.sl_ep_comm_create(ctypes.byref(d), ctypes.byref(cid)), "comm_create")
+    if transport == "nccl":  # one process: rank 0 makes the id, the others share it; then connect
+        blob = ctypes.create_string_buffer(256)
+        n = ctypes.c_size_t(0)
+        check(lib.sl_ep_comm_export(cid.value, 0, 0, blob, ctypes.byref(n)), "comm_export")
+        check(lib.sl_ep_comm_connect(cid.value), "comm_connect")
     return cid.value
 
 

@@ -173,24 +173,59 @@ int sl_has_cuda(void);
  * the same error instead of waiting for it.
  * ==============================================================================================*/
 
+/* CUDA transports (sl_ep_comm_desc.transport). */
+typedef enum sl_ep_transport {
+  SL_EP_TRANSPORT_PEER = 0, /* GPUs of one process: peer memory over NVLink, rows straight between
+                               the ranks' own buffers */
+  SL_EP_TRANSPORT_IPC = 1,  /* GPUs of one host in one or several processes: each rank's buffer
+                               (flags + a staging area of buffer_bytes) is exported with CUDA IPC;
+                               rows are pushed into the peers' staging areas over NVLink */
+  SL_EP_TRANSPORT_NCCL = 2  /* any GPUs (several hosts): NCCL send/recv of fixed worst-case blocks
+                               (T rows per peer) through our own communicator */
+} sl_ep_transport;
+
 /* Describes a communicator. */
 typedef struct sl_ep_comm_desc {
   size_t struct_size;         /* sizeof(sl_ep_comm_desc) */
   int num_groups;             /* G >= 1 */
   int num_ranks;              /* R >= 1 ranks per group */
   double timeout_s;           /* bound of every wait, > 0 (default 60) */
-  int use_cuda;               /* 1: also set up the CUDA transport (NVLink peer memory, one process) */
-  const int *device_ordinals; /* CUDA: [G*R] device of (group g, rank r) at g*R + r; else NULL */
+  int use_cuda;               /* 1: also set up a CUDA transport */
+  const int *device_ordinals; /* CUDA: [G*R] device of (group g, rank r) at g*R + r, or -1 where
+                                 another process owns that rank (IPC and NCCL only); else NULL */
   int num_sms;                /* CUDA: blocks of the data kernels (one per SM), 1..64; 0 = 20 */
+  int transport;              /* CUDA: an sl_ep_transport (default PEER) */
+  size_t buffer_bytes;        /* IPC / NCCL: staging bytes per rank; 0 = 256 MiB. An op needing more
+                                 fails with SL_STATUS_INVALID_ARGUMENT naming the size it needs */
 } sl_ep_comm_desc;
 
 /* Defaults: one group, one rank, 60 s, no CUDA, struct_size set. */
 sl_ep_comm_desc sl_ep_comm_desc_default(void);
 
 /* Creates a communicator; *comm_id (> 0) names it in later calls (and in the FFI attributes).
- * Thread-safe. With use_cuda it allocates each device's buffers and enables peer access between the
- * devices of a group (requires peer access between them: SL_STATUS_UNSUPPORTED otherwise). */
+ * Thread-safe. With use_cuda it allocates each local device's buffers and enables peer access
+ * between the local devices of a group (requires peer access between them: SL_STATUS_UNSUPPORTED
+ * otherwise). A communicator with ranks of other processes (device_ordinals -1) is usable once
+ * every process has exchanged the blobs below and called sl_ep_comm_connect. */
 sl_status sl_ep_comm_create(const sl_ep_comm_desc *desc, int64_t *comm_id);
+
+/* Multi-process setup (IPC and NCCL), in this order on every process:
+ *   1. for each local rank (g, r): sl_ep_comm_export -> a blob of *bytes <= SL_EP_BLOB_BYTES bytes
+ *      (IPC: the rank's cudaIpcMemHandle_t; NCCL: the group's ncclUniqueId from rank 0, 0 bytes from
+ *      other ranks); publish the non-empty ones (e.g. through jax.distributed's key-value store);
+ *   2. for each rank (g, r) of another process that sl_ep_comm_needs says is needed: fetch its blob
+ *      and sl_ep_comm_import it (IPC: maps the peer's buffer on every local device of group g);
+ *   3. sl_ep_comm_connect: checks every needed blob arrived; NCCL: creates the communicators (a
+ *      bounded wait for every rank of the group: SL_STATUS_TIMEOUT names the rank otherwise).
+ * Teardown: sl_ep_comm_disconnect on every process (waits for this process's devices, unmaps the
+ * peers, aborts NCCL), then a barrier between the processes, then sl_ep_comm_destroy. */
+#define SL_EP_BLOB_BYTES 256
+sl_status sl_ep_comm_export(int64_t comm_id, int group, int rank, void *blob, size_t *bytes);
+/* *needed = 1 when this process must import rank (g, r)'s blob. */
+sl_status sl_ep_comm_needs(int64_t comm_id, int group, int rank, int *needed);
+sl_status sl_ep_comm_import(int64_t comm_id, int group, int rank, const void *blob, size_t bytes);
+sl_status sl_ep_comm_connect(int64_t comm_id);
+sl_status sl_ep_comm_disconnect(int64_t comm_id);
 
 /* Frees a communicator. No call on it may be running or start afterwards. */
 sl_status sl_ep_comm_destroy(int64_t comm_id);
@@ -236,10 +271,16 @@ sl_status sl_ep_combine_cpu(int64_t comm_id, int group, int rank, const sl_ep_de
 sl_status sl_ep_redispatch_cpu(int64_t comm_id, int group, int rank, const sl_ep_desc *desc,
                                const void *g, const int32_t *recv_src, void *out);
 
-/* CUDA transport (one process, peers over NVLink): the same ops, device pointers, stream-ordered on
- * `stream`, no host sync (unless SLUICE_DEBUG=1). The rank is the one whose device is current.
- * A wait that runs out sets an error that the next call on the communicator (or the debug check)
- * returns as SL_STATUS_TIMEOUT. Returns SL_STATUS_UNSUPPORTED in a build without CUDA. */
+/* CUDA transports (PEER, IPC, NCCL): the same ops, device pointers, stream-ordered on `stream`, no
+ * host sync (unless SLUICE_DEBUG=1), so they may be captured in CUDA graphs. The rank is the one
+ * whose device is current. A wait that runs out (a device-side wait on a peer's flag; for NCCL a
+ * watchdog thread that aborts the NCCL communicator after timeout_s) sets an error that the next
+ * call on the communicator (or the debug check) returns as SL_STATUS_TIMEOUT, naming the rank and
+ * the call number. PEER moves rows straight between the ranks' buffers; IPC pushes them into the
+ * receiver's staging area and copies them out locally (redispatch: the source stages its rows);
+ * NCCL sends T rows per peer whatever the routing (no host sync needs a fixed size). Returns
+ * SL_STATUS_UNSUPPORTED in a build without CUDA (or, for NCCL, without nccl.h at build time or
+ * libnccl at run time). */
 sl_status sl_ep_dispatch_cuda(int64_t comm_id, const sl_ep_desc *desc, const void *x,
                               const int32_t *topk_idx, const float *topk_w, void *recv_x,
                               int32_t *recv_idx, float *recv_w, int32_t *num_recv, int32_t *counts,

@@ -109,6 +109,14 @@ sl_status sl_ep_comm_create(const sl_ep_comm_desc *desc, int64_t *comm_id) {
   if (desc->num_sms < 0 || desc->num_sms > 64)
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "ep_comm_create: num_sms must be in [0, 64], got %d", desc->num_sms);
+  if (desc->transport < SL_EP_TRANSPORT_PEER || desc->transport > SL_EP_TRANSPORT_NCCL)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep_comm_create: transport must be 0 (PEER), 1 (IPC) or 2 (NCCL), got %d",
+                        desc->transport);
+  if (desc->transport != SL_EP_TRANSPORT_PEER && !desc->use_cuda)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep_comm_create: transport %d (IPC or NCCL) needs use_cuda = 1",
+                        desc->transport);
   sl_ep_comm *c = calloc(1, sizeof *c);
   if (!c) return sl_set_error(SL_STATUS_OUT_OF_MEMORY, "ep_comm_create: out of memory");
   c->num_groups = desc->num_groups;
@@ -171,6 +179,71 @@ sl_status sl_ep_comm_destroy(int64_t comm_id) {
                         (long long)comm_id);
   free_comm(c);
   return SL_STATUS_SUCCESS;
+}
+
+/* ---- multi-process setup: argument checks, then the CUDA transport ------------------------- */
+static sl_status setup_args(int64_t comm_id, int group, int rank, const char *op,
+                            sl_ep_comm **out) {
+  sl_ep_comm *c = ep_comm_get(comm_id, op);
+  if (!c) return SL_STATUS_INVALID_ARGUMENT;
+  if (group < 0 || group >= c->num_groups || rank < 0 || rank >= c->num_ranks)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep %s: (group %d, rank %d) is outside communicator %lld's %d groups of %d "
+                        "ranks",
+                        op, group, rank, (long long)comm_id, c->num_groups, c->num_ranks);
+  if (!c->cuda)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep %s: communicator %lld has no CUDA transport (CPU ranks share one "
+                        "process: nothing to exchange)",
+                        op, (long long)comm_id);
+  *out = c;
+  return SL_STATUS_SUCCESS;
+}
+
+sl_status sl_ep_comm_export(int64_t comm_id, int group, int rank, void *blob, size_t *bytes) {
+  sl_ep_comm *c = NULL;
+  sl_status st = setup_args(comm_id, group, rank, "comm_export", &c);
+  if (st) return st;
+  if (!blob || !bytes)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep comm_export: blob and bytes must not be NULL (blob: %d bytes)",
+                        SL_EP_BLOB_BYTES);
+  return ep_cuda_export(c, group, rank, blob, bytes);
+}
+
+sl_status sl_ep_comm_needs(int64_t comm_id, int group, int rank, int *needed) {
+  sl_ep_comm *c = NULL;
+  sl_status st = setup_args(comm_id, group, rank, "comm_needs", &c);
+  if (st) return st;
+  if (!needed)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "ep comm_needs: needed must not be NULL");
+  return ep_cuda_needs(c, group, rank, needed);
+}
+
+sl_status sl_ep_comm_import(int64_t comm_id, int group, int rank, const void *blob, size_t bytes) {
+  sl_ep_comm *c = NULL;
+  sl_status st = setup_args(comm_id, group, rank, "comm_import", &c);
+  if (st) return st;
+  if (!blob || bytes == 0 || bytes > SL_EP_BLOB_BYTES)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep comm_import: blob of (group %d, rank %d) has %zu bytes, expected 1..%d "
+                        "(what sl_ep_comm_export gave on its process)",
+                        group, rank, bytes, SL_EP_BLOB_BYTES);
+  return ep_cuda_import(c, group, rank, blob, bytes);
+}
+
+sl_status sl_ep_comm_connect(int64_t comm_id) {
+  sl_ep_comm *c = NULL;
+  sl_status st = setup_args(comm_id, 0, 0, "comm_connect", &c);
+  if (st) return st;
+  return ep_cuda_connect(c);
+}
+
+sl_status sl_ep_comm_disconnect(int64_t comm_id) {
+  sl_ep_comm *c = NULL;
+  sl_status st = setup_args(comm_id, 0, 0, "comm_disconnect", &c);
+  if (st) return st;
+  return ep_cuda_disconnect(c);
 }
 
 sl_ep_comm *ep_comm_get(int64_t id, const char *op) {
@@ -386,6 +459,23 @@ EP_WEAK sl_status ep_cuda_attach(sl_ep_comm *c, const sl_ep_comm_desc *desc) {
   return sl_set_error(SL_STATUS_UNSUPPORTED, "ep_comm_create: libsluice was built without CUDA");
 }
 EP_WEAK void ep_cuda_detach(sl_ep_comm *c) { (void)c; }
+EP_WEAK sl_status ep_cuda_export(sl_ep_comm *c, int group, int rank, void *blob, size_t *bytes) {
+  return sl_set_error(SL_STATUS_UNSUPPORTED, "ep comm_export: libsluice was built without CUDA");
+}
+EP_WEAK sl_status ep_cuda_needs(sl_ep_comm *c, int group, int rank, int *needed) {
+  return sl_set_error(SL_STATUS_UNSUPPORTED, "ep comm_needs: libsluice was built without CUDA");
+}
+EP_WEAK sl_status ep_cuda_import(sl_ep_comm *c, int group, int rank, const void *blob,
+                                 size_t bytes) {
+  return sl_set_error(SL_STATUS_UNSUPPORTED, "ep comm_import: libsluice was built without CUDA");
+}
+EP_WEAK sl_status ep_cuda_connect(sl_ep_comm *c) {
+  return sl_set_error(SL_STATUS_UNSUPPORTED, "ep comm_connect: libsluice was built without CUDA");
+}
+EP_WEAK sl_status ep_cuda_disconnect(sl_ep_comm *c) {
+  return sl_set_error(SL_STATUS_UNSUPPORTED,
+                      "ep comm_disconnect: libsluice was built without CUDA");
+}
 
 static sl_status ep_not_built(const char *op) {
   return sl_set_error(SL_STATUS_UNSUPPORTED, "ep %s: libsluice was built without CUDA", op);

@@ -49,9 +49,15 @@ const ep_post *ep_post_of(const ep_exchange *ex, int rank);
 /* Marks this rank done reading its peers and waits (bounded) until every rank is. */
 sl_status ep_leave(sl_ep_comm *c, int group, int rank, ep_exchange *ex, const char *op);
 
-/* CUDA transport hooks (weak stubs in CPU-only builds: csrc/core/ep_comm.c). */
+/* CUDA transport hooks (weak stubs in CPU-only builds: csrc/core/ep_comm.c). The public
+ * export/needs/import entry points check the communicator, group and rank, then call these. */
 sl_status ep_cuda_attach(sl_ep_comm *c, const sl_ep_comm_desc *desc);
 void ep_cuda_detach(sl_ep_comm *c);
+sl_status ep_cuda_export(sl_ep_comm *c, int group, int rank, void *blob, size_t *bytes);
+sl_status ep_cuda_needs(sl_ep_comm *c, int group, int rank, int *needed);
+sl_status ep_cuda_import(sl_ep_comm *c, int group, int rank, const void *blob, size_t bytes);
+sl_status ep_cuda_connect(sl_ep_comm *c);
+sl_status ep_cuda_disconnect(sl_ep_comm *c);
 
 /* fan_out on CUDA sorts in chunks of whole rows, at most 1024 slots each. */
 static inline int64_t ep_fan_chunk_rows(int64_t k) { return k >= 1024 ? 1 : 1024 / k; }

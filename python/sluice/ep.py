@@ -16,20 +16,34 @@ Run inside `jax.shard_map` over an expert-parallel mesh axis of size R; E expert
     x, topk_weights and the expert weights (gradients flow back through the same ops).
 
 API
-  setup(mesh, axis_name, *, timeout_s=60.0, num_sms=20)
+  setup(mesh, axis_name, *, timeout_s=60.0, num_sms=20, transport="auto", buffer_bytes=256 MiB)
       Creates the communicator for `axis_name` of `mesh` (the other mesh axes give independent groups).
       Call it once per process before tracing; calling again for the same mesh and axis replaces it.
-      CPU devices: a rendezvous in shared memory between the devices' threads. GPUs of one process:
-      peer memory over NVLink (kernels use `num_sms` blocks, at most 8 ranks per group). Every wait is
-      bounded by `timeout_s` and ends in an error naming the rank and what it waited for (on a GPU the
-      error surfaces at the next sluice.ep call, or at once with SLUICE_DEBUG=1); the communicator is
-      then broken until setup is called again. Meshes that span processes or hosts (CUDA IPC, NCCL) are
-      not implemented yet: setup raises NotImplementedError.
+      With several processes every process calls it, for the same mesh, in the same order (it exchanges
+      handles through jax.distributed's key-value store: call jax.distributed.initialize first).
+      Transports (`transport`):
+        CPU devices of one process: a rendezvous in shared memory between the devices' threads ("auto").
+        "nvlink": GPUs of one process, peer memory over NVLink; rows go straight between the ranks'
+          buffers (the default for a mesh inside one process).
+        "ipc": GPUs of one host, in one or several processes: every rank's flags and a staging area
+          of `buffer_bytes` are shared through CUDA IPC; rows are pushed over NVLink into the peer's
+          staging area and copied out locally (the default when the mesh spans processes of one host).
+        "nccl": any GPUs, several hosts too: our own NCCL communicator (its id shared through the
+          key-value store), fixed worst-case blocks of T rows per peer (no host sync), staging of
+          `buffer_bytes` (the default when the mesh spans hosts).
+      The GPU kernels use `num_sms` blocks (at most 8 ranks per group). Every wait is bounded by
+      `timeout_s` and ends in an error naming the rank and what it waited for (on a GPU the error
+      surfaces at the next sluice.ep call, or at once with SLUICE_DEBUG=1; NCCL: a watchdog aborts the
+      communicator); the communicator is then broken until setup is called again. An op whose shapes
+      need more staging than `buffer_bytes` fails naming the size it needs (ipc: about
+      N*(H*itemsize + 8k + 4) bytes, N = T*R; nccl: combine about 2*N*(H*itemsize + 4k)).
       GPU note: the exchange kernels of the ranks wait for each other, so pass inputs that already live
       on the mesh (sharded); a jit that first has to copy an input shard between GPUs can queue that
       copy behind a peer's waiting kernel and stall until the timeout.
   teardown(axis_name=None)
       Frees the communicators (of one axis, or all). Programs traced against them then fail clearly.
+      Across processes every process calls it (it waits for its devices, unmaps the peers, then meets
+      the other processes at a barrier before freeing its buffers).
 
   dispatch(x, topk_idx, topk_weights, *, num_experts, axis_name) -> Dispatched
       x [T, H] float32/bfloat16/float16; topk_idx int32 [T, k] (-1: slot unused); topk_weights float32
@@ -124,13 +138,41 @@ class _CommDesc(ctypes.Structure):
         ("use_cuda", ctypes.c_int),
         ("device_ordinals", ctypes.POINTER(ctypes.c_int)),
         ("num_sms", ctypes.c_int),
+        ("transport", ctypes.c_int),
+        ("buffer_bytes", ctypes.c_size_t),
     ]
 
 
+_TRANSPORTS = {"nvlink": 0, "ipc": 1, "nccl": 2}
+_BLOB_BYTES = 256
 _lib.lib.sl_ep_comm_create.argtypes = [ctypes.POINTER(_CommDesc), ctypes.POINTER(ctypes.c_int64)]
 _lib.lib.sl_ep_comm_create.restype = ctypes.c_int
 _lib.lib.sl_ep_comm_destroy.argtypes = [ctypes.c_int64]
 _lib.lib.sl_ep_comm_destroy.restype = ctypes.c_int
+_lib.lib.sl_ep_comm_export.argtypes = [
+    ctypes.c_int64,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_void_p,
+    ctypes.POINTER(ctypes.c_size_t),
+]
+_lib.lib.sl_ep_comm_needs.argtypes = [
+    ctypes.c_int64,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.POINTER(ctypes.c_int),
+]
+_lib.lib.sl_ep_comm_import.argtypes = [
+    ctypes.c_int64,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_char_p,
+    ctypes.c_size_t,
+]
+_lib.lib.sl_ep_comm_connect.argtypes = [ctypes.c_int64]
+_lib.lib.sl_ep_comm_disconnect.argtypes = [ctypes.c_int64]
+for _f in ("export", "needs", "import", "connect", "disconnect"):
+    getattr(_lib.lib, f"sl_ep_comm_{_f}").restype = ctypes.c_int
 
 
 class _FanDesc(ctypes.Structure):
@@ -166,16 +208,122 @@ class _Comm:
     num_ranks: int
     num_groups: int
     platform: str
+    transport: str = "shm"
+    multi_process: bool = False
+    key: str = ""  # the key-value store prefix of its setup (multi-process)
+    timeout_s: float = 60.0
 
 
 _COMMS: dict[str, list[_Comm]] = {}
+_SETUPS = itertools.count()
+
+
+def _check(st, what):
+    if st != 0:
+        raise RuntimeError(
+            f"sluice.ep.{what}: {_lib.lib.sl_last_error().decode()} "
+            f"({_lib.lib.sl_status_string(st).decode()})"
+        )
+
+
+def _kv_client(what):
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        raise RuntimeError(
+            f"sluice.ep.{what}: the mesh spans several processes, but jax.distributed is not "
+            "initialized (call jax.distributed.initialize first)"
+        )
+    return client
+
+
+def _kv_set(client, key, blob: bytes):
+    if hasattr(client, "key_value_set_bytes"):
+        client.key_value_set_bytes(key, blob)
+    else:
+        client.key_value_set(key, blob.hex())
+
+
+def _kv_get(client, key, timeout_s, what):
+    ms = max(int(timeout_s * 1000), 1)
+    try:
+        if hasattr(client, "blocking_key_value_get_bytes"):
+            return bytes(client.blocking_key_value_get_bytes(key, ms))
+        return bytes.fromhex(client.blocking_key_value_get(key, ms))
+    except Exception as e:  # noqa: BLE001 - the client raises its own types (deadline exceeded)
+        raise RuntimeError(
+            f"sluice.ep.setup: waited {timeout_s:g} s for {what} (key {key!r}) and it never came: "
+            "did every process call sluice.ep.setup for the same mesh, in the same order? "
+            f"({type(e).__name__}: {e})"
+        ) from None
+
+
+def _barrier(client, name, timeout_s, what):
+    try:
+        client.wait_at_barrier(name, max(int(timeout_s * 1000), 1))
+    except Exception as e:  # noqa: BLE001 - the client raises its own types
+        raise RuntimeError(
+            f"sluice.ep.{what}: waited {timeout_s:g} s at barrier {name!r} for the other processes "
+            f"({type(e).__name__}: {e})"
+        ) from None
+
+
+def _destroy(c: _Comm) -> None:
+    """Frees a communicator; across processes: unmap/abort, a barrier, then free (so no peer still
+    touches our buffers when they go)."""
+    if c.multi_process:
+        _lib.lib.sl_ep_comm_disconnect(c.comm_id)
+        _barrier(_kv_client("teardown"), c.key + "/teardown", c.timeout_s, "teardown")
+    _lib.lib.sl_ep_comm_destroy(c.comm_id)
+
+
+def _connect(cid, devs, key, timeout_s):
+    """The blob exchange of a communicator over processes (or of NCCL in one process)."""
+    g, r = devs.shape
+    me = jax.process_index()
+    client = _kv_client("setup") if any(d.process_index != me for d in devs.flat) else None
+    buf = ctypes.create_string_buffer(_BLOB_BYTES)
+    local_blobs = {}
+    for gi in range(g):
+        for ri in range(r):
+            if devs[gi, ri].process_index != me:
+                continue
+            n = ctypes.c_size_t(0)
+            _check(_lib.lib.sl_ep_comm_export(cid, gi, ri, buf, ctypes.byref(n)), "setup")
+            if n.value:
+                local_blobs[(gi, ri)] = buf.raw[: n.value]
+                if client is not None:
+                    _kv_set(client, f"{key}/blob/{gi}/{ri}", local_blobs[(gi, ri)])
+    for gi in range(g):
+        for ri in range(r):
+            need = ctypes.c_int(0)
+            _check(_lib.lib.sl_ep_comm_needs(cid, gi, ri, ctypes.byref(need)), "setup")
+            if not need.value:
+                continue
+            blob = _kv_get(
+                client,
+                f"{key}/blob/{gi}/{ri}",
+                timeout_s,
+                f"the handle of (group {gi}, rank {ri}) from process {devs[gi, ri].process_index}",
+            )
+            _check(_lib.lib.sl_ep_comm_import(cid, gi, ri, blob, len(blob)), "setup")
+    _check(_lib.lib.sl_ep_comm_connect(cid), "setup")
 
 
 def _mesh_signature(mesh):
     return tuple(mesh.axis_names), tuple(int(mesh.shape[a]) for a in mesh.axis_names)
 
 
-def setup(mesh, axis_name="ep", *, timeout_s: float = 60.0, num_sms: int = 20) -> None:
+def setup(
+    mesh,
+    axis_name="ep",
+    *,
+    timeout_s: float = 60.0,
+    num_sms: int = 20,
+    transport: str = "auto",
+    buffer_bytes: int = 256 << 20,
+) -> None:
     """Prepares the communicator of `axis_name` over `mesh` (see the module docstring). Call before jit."""
     if axis_name not in mesh.axis_names:
         raise ValueError(
@@ -191,18 +339,62 @@ def setup(mesh, axis_name="ep", *, timeout_s: float = 60.0, num_sms: int = 20) -
     platform = devs.flat[0].platform
     if any(d.platform != platform for d in devs.flat):
         raise ValueError("sluice.ep.setup: the mesh mixes platforms")
-    if any(d.process_index != jax.process_index() for d in devs.flat):
-        raise NotImplementedError(
-            "sluice.ep.setup: the mesh spans several processes; only the devices of one process are "
-            "supported so far (CPU rendezvous, NVLink peer memory); CUDA IPC and NCCL are not built"
+    if transport not in ("auto", *_TRANSPORTS):
+        raise ValueError(
+            f"sluice.ep.setup: transport must be 'auto', 'nvlink', 'ipc' or 'nccl', got {transport!r}"
         )
+    if not isinstance(num_sms, (int, np.integer)) or not 1 <= num_sms <= 64:
+        raise ValueError(f"sluice.ep.setup: num_sms must be an int in [1, 64], got {num_sms!r}")
+    if not isinstance(buffer_bytes, (int, np.integer)) or buffer_bytes < 1:
+        raise ValueError(
+            f"sluice.ep.setup: buffer_bytes must be a positive int (bytes of staging per rank), "
+            f"got {buffer_bytes!r}"
+        )
+    me = jax.process_index()
+    multi = any(d.process_index != me for d in devs.flat)
     use_cuda = platform in ("gpu", "cuda")
+    if not use_cuda:
+        if multi:
+            raise NotImplementedError(
+                "sluice.ep.setup: a mesh of CPU devices must lie in one process (the CPU transport is "
+                "a shared-memory rendezvous); GPU meshes may span processes (transports ipc, nccl)"
+            )
+        if transport != "auto":
+            raise ValueError(
+                f"sluice.ep.setup: transport {transport!r} is for GPUs; a CPU mesh uses the "
+                "shared-memory rendezvous (transport='auto')"
+            )
     if use_cuda and not _lib.has_cuda():
         raise RuntimeError(
             "sluice.ep.setup: the mesh holds GPUs but libsluice was built without CUDA"
         )
+    n_setup = next(_SETUPS)
+    key = f"sluice_ep/{n_setup}/{axis_name}"
+    if use_cuda and transport == "auto":
+        transport = "nvlink"
+        if multi:
+            import socket
+
+            client = _kv_client("setup")
+            _kv_set(client, f"{key}/host/{me}", socket.gethostname().encode())
+            procs = sorted({int(d.process_index) for d in devs.flat})
+            hosts = {
+                _kv_get(client, f"{key}/host/{p}", timeout_s, f"the host name of process {p}")
+                for p in procs
+            }
+            transport = "ipc" if len(hosts) == 1 else "nccl"
+    elif not use_cuda:
+        transport = "shm"
+    if transport == "nvlink" and multi:
+        raise ValueError(
+            "sluice.ep.setup: transport 'nvlink' needs every device of the mesh in this process; "
+            "this mesh spans processes (use 'ipc' on one host or 'nccl')"
+        )
     ordinals = (ctypes.c_int * devs.size)(
-        *[int(getattr(d, "local_hardware_id", d.id) or 0) for d in devs.flat]
+        *[
+            int(getattr(d, "local_hardware_id", d.id) or 0) if d.process_index == me else -1
+            for d in devs.flat
+        ]
     )
     desc = _CommDesc(
         ctypes.sizeof(_CommDesc),
@@ -212,20 +404,35 @@ def setup(mesh, axis_name="ep", *, timeout_s: float = 60.0, num_sms: int = 20) -
         int(use_cuda),
         ctypes.cast(ordinals, ctypes.POINTER(ctypes.c_int)) if use_cuda else None,
         int(num_sms),
+        _TRANSPORTS.get(transport, 0),
+        int(buffer_bytes),
     )
     cid = ctypes.c_int64(0)
-    st = _lib.lib.sl_ep_comm_create(ctypes.byref(desc), ctypes.byref(cid))
-    if st != 0:
-        raise RuntimeError(
-            f"sluice.ep.setup: {_lib.lib.sl_last_error().decode()} "
-            f"({_lib.lib.sl_status_string(st).decode()})"
-        )
+    _check(_lib.lib.sl_ep_comm_create(ctypes.byref(desc), ctypes.byref(cid)), "setup")
+    if multi or transport == "nccl":
+        try:
+            _connect(cid.value, devs, key, float(timeout_s))
+        except Exception:
+            _lib.lib.sl_ep_comm_disconnect(cid.value)
+            _lib.lib.sl_ep_comm_destroy(cid.value)
+            raise
     comm = _Comm(
-        int(cid.value), axis_name, names, sizes, tuple(int(d.id) for d in devs.flat), r, g, platform
+        int(cid.value),
+        axis_name,
+        names,
+        sizes,
+        tuple(int(d.id) for d in devs.flat),
+        r,
+        g,
+        platform,
+        transport,
+        multi,
+        key,
+        float(timeout_s),
     )
     old = [c for c in _COMMS.get(axis_name, []) if (c.axis_names, c.axis_sizes) == (names, sizes)]
     for c in old:
-        _lib.lib.sl_ep_comm_destroy(c.comm_id)
+        _destroy(c)
     _COMMS[axis_name] = [c for c in _COMMS.get(axis_name, []) if c not in old] + [comm]
 
 
@@ -233,7 +440,7 @@ def teardown(axis_name=None) -> None:
     """Frees the communicators of `axis_name` (all when None)."""
     for name in list(_COMMS) if axis_name is None else [axis_name]:
         for c in _COMMS.pop(name, []):
-            _lib.lib.sl_ep_comm_destroy(c.comm_id)
+            _destroy(c)
 
 
 def _comm_for(op: str, axis_name) -> _Comm:

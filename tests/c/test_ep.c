@@ -387,6 +387,38 @@ static void test_timeout(void) {
   cd = sl_ep_comm_desc_default();
   cd.use_cuda = 1;
   CHECK(sl_ep_comm_create(&cd, &id) == SL_STATUS_UNSUPPORTED, "use_cuda without CUDA");
+  /* Transports: a bad one, IPC/NCCL without CUDA; the multi-process entry points on a CPU comm. */
+  cd = sl_ep_comm_desc_default();
+  cd.transport = 7;
+  CHECK(sl_ep_comm_create(&cd, &id) == SL_STATUS_INVALID_ARGUMENT &&
+            strstr(sl_last_error(), "transport"),
+        "transport 7: %s", sl_last_error());
+  cd.transport = SL_EP_TRANSPORT_NCCL;
+  CHECK(sl_ep_comm_create(&cd, &id) == SL_STATUS_INVALID_ARGUMENT &&
+            strstr(sl_last_error(), "use_cuda"),
+        "NCCL without use_cuda: %s", sl_last_error());
+  cd.use_cuda = 1;
+  CHECK(sl_ep_comm_create(&cd, &id) == SL_STATUS_UNSUPPORTED, "NCCL without CUDA: %s",
+        sl_last_error());
+  cd = sl_ep_comm_desc_default();
+  cd.num_ranks = 2;
+  CHECK(sl_ep_comm_create(&cd, &id) == SL_STATUS_SUCCESS, "cpu comm: %s", sl_last_error());
+  unsigned char blob[SL_EP_BLOB_BYTES];
+  size_t nb = 0;
+  int need = 0;
+  CHECK(sl_ep_comm_export(id, 0, 0, blob, &nb) == SL_STATUS_INVALID_ARGUMENT &&
+            strstr(sl_last_error(), "no CUDA transport"),
+        "export on a CPU comm: %s", sl_last_error());
+  CHECK(sl_ep_comm_export(id, 0, 5, blob, &nb) == SL_STATUS_INVALID_ARGUMENT &&
+            strstr(sl_last_error(), "rank 5"),
+        "export of rank 5: %s", sl_last_error());
+  CHECK(sl_ep_comm_needs(id, 0, 0, &need) == SL_STATUS_INVALID_ARGUMENT, "needs on a CPU comm");
+  CHECK(sl_ep_comm_import(id, 0, 1, blob, 0) == SL_STATUS_INVALID_ARGUMENT, "import on a CPU comm");
+  CHECK(sl_ep_comm_connect(id) == SL_STATUS_INVALID_ARGUMENT, "connect on a CPU comm");
+  CHECK(sl_ep_comm_connect(999999) == SL_STATUS_INVALID_ARGUMENT &&
+            strstr(sl_last_error(), "no communicator"),
+        "connect of a bad id: %s", sl_last_error());
+  sl_ep_comm_destroy(id);
 }
 
 /* ---- fan_out / fan_in --------------------------------------------------------------------- */

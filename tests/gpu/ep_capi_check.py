@@ -48,9 +48,9 @@ def routing(r, t, k, e, mode):
     return idx
 
 
-def run_case(r, t, h, k, e, mode, num_sms):
+def run_case(r, t, h, k, e, mode, num_sms, transport="peer"):
     n, l = t * r, e // r
-    comm = C.make_comm(r, num_sms=num_sms)
+    comm = C.make_comm(r, num_sms=num_sms, transport=transport, buffer_bytes=64 << 20)
     x = RNG.standard_normal((r, t, h)).astype(ml_dtypes.bfloat16)
     idx = routing(r, t, k, e, mode)
     w = RNG.random((r, t, k)).astype(np.float32)
@@ -63,7 +63,7 @@ def run_case(r, t, h, k, e, mode, num_sms):
     ref = ep.dispatch_reference(
         jnp.asarray(x), jnp.asarray(idx), jnp.asarray(w), num_experts=e, num_ranks=r
     )
-    tag = f"r={r} t={t} h={h} k={k} e={e} {mode}"
+    tag = f"{transport} r={r} t={t} h={h} k={k} e={e} {mode}"
     for dv, rk in enumerate(ranks):
         expect(
             np.array_equal(rk.recv_x.get(), np.asarray(ref[0][dv]).view(np.uint16)),
@@ -190,6 +190,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=min(2, cp.cuda.runtime.getDeviceCount()))
     ap.add_argument("--quick", action="store_true", help="two small cases (for compute-sanitizer)")
+    ap.add_argument(
+        "--transport", nargs="*", default=["peer", "ipc", "nccl"], choices=["peer", "ipc", "nccl"]
+    )
     args = ap.parse_args()
     r = args.ranks
     cases = [  # t, h, k, e, mode, num_sms
@@ -203,9 +206,17 @@ def main():
     ]
     if args.quick:
         cases = [cases[0], cases[6]]
-    for t, h, k, e, mode, sms in cases:
-        run_case(r, t, h, k, e, mode, sms)
-    print(f"ep_capi_check: {len(cases)} cases on {r} GPUs, {len(failures)} failures", flush=True)
+    for tr in args.transport:
+        for t, h, k, e, mode, sms in cases:
+            try:
+                run_case(r, t, h, k, e, mode, sms, tr)
+            except RuntimeError as ex:  # an error from the C API: a failure, go on
+                expect(False, f"{tr} t={t} h={h} k={k} e={e} {mode}: {ex}")
+    print(
+        f"ep_capi_check: {len(cases)} cases x transports {args.transport} on {r} GPUs, "
+        f"{len(failures)} failures",
+        flush=True,
+    )
     sys.exit(1 if failures else 0)
 
 

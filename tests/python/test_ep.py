@@ -350,6 +350,14 @@ def test_setup_errors_and_teardown():
         ep.setup(mesh, "nope")
     with pytest.raises(ValueError, match="timeout_s"):
         ep.setup(mesh, "tmp", timeout_s=0)
+    with pytest.raises(ValueError, match="transport must be"):
+        ep.setup(mesh, "tmp", transport="carrier-pigeon")
+    with pytest.raises(ValueError, match="transport 'nccl' is for GPUs"):
+        ep.setup(mesh, "tmp", transport="nccl")
+    with pytest.raises(ValueError, match="buffer_bytes"):
+        ep.setup(mesh, "tmp", buffer_bytes=0)
+    with pytest.raises(ValueError, match="num_sms"):
+        ep.setup(mesh, "tmp", num_sms=0)
     ep.setup(mesh, "tmp")
     ep.teardown("tmp")
 
