@@ -66,6 +66,9 @@ API
       going to 2 local experts appears twice), within a group in (row, slot) order; M = N*min(k, L);
       rows past sum(group_sizes) are zero. A counting sort in C/CUDA (no argsort). Feed xs and
       group_sizes to sluice.gmm with rhs [L, ...]. Differentiable in recv.x.
+  fan_out_tokens(x, topk_idx, topk_weights, *, num_experts) -> (xs, group_sizes, fan)
+      fan_out for tokens that stay on their device (all E experts local, no dispatch): the one-device
+      MoE path.
   fan_in(ys, fan, *, out_dtype=None) -> [N, H']
       Local: out[i] = sum over slots j (in slot order, float32) of weight[i, j] * ys[row of (i, j)];
       rows with no local slot are zero. Differentiable in ys and in the weights (recv.topk_weights,
@@ -780,20 +783,41 @@ def _fan_out_bwd(l, res, cts):
 _fan_out.defvjp(_fan_out_fwd, _fan_out_bwd)
 
 
-def fan_out(recv: Dispatched):
-    """Expert-sorted rows for gmm: (xs [M, H], group_sizes int32 [L], fan). See the module docstring."""
-    x, idx = jnp.asarray(recv.x), jnp.asarray(recv.topk_idx)
+def _fan_out_checked(op, x, idx, weights, l):
+    x, idx = jnp.asarray(x), jnp.asarray(idx)
     if x.ndim != 2 or idx.ndim != 2 or idx.shape[0] != x.shape[0]:
         raise ValueError(
-            f"sluice.ep.fan_out: x [N, H] and topk_idx [N, k] expected, got {x.shape} and "
-            f"{idx.shape}"
+            f"sluice.ep.{op}: x [N, H] and topk_idx [N, k] expected, got {x.shape} and {idx.shape}"
         )
-    _check_float("fan_out", "x", x)
+    _check_float(op, "x", x)
     if idx.dtype != jnp.int32:
-        raise TypeError(f"sluice.ep.fan_out: topk_idx must be int32, got {idx.dtype}")
-    l = int(recv.counts.shape[0])
+        raise TypeError(f"sluice.ep.{op}: topk_idx must be int32, got {idx.dtype}")
+    if jnp.shape(weights) != idx.shape:
+        raise ValueError(
+            f"sluice.ep.{op}: topk_weights must have topk_idx's shape {idx.shape}, got "
+            f"{jnp.shape(weights)}"
+        )
     xs, gs, pos = _fan_out(x, idx, l)
-    return xs, gs, Fan(pos, recv.topk_weights, gs, l)
+    return xs, gs, Fan(pos, jnp.asarray(weights, jnp.float32), gs, l)
+
+
+def fan_out(recv: Dispatched):
+    """Expert-sorted rows for gmm: (xs [M, H], group_sizes int32 [L], fan). See the module docstring."""
+    return _fan_out_checked(
+        "fan_out", recv.x, recv.topk_idx, recv.topk_weights, int(recv.counts.shape[0])
+    )
+
+
+def fan_out_tokens(x, topk_idx, topk_weights, *, num_experts: int):
+    """fan_out for tokens that stay on their device (all experts local, no dispatch): the token copies
+    of x [T, H] in expert order, (xs [T*min(k, E), H], group_sizes int32 [E], fan), by a counting sort
+    (no argsort; the backward is a gather-sum, no scatter-add). ``fan_in(ys, fan)`` sums them back
+    with the weights. topk_idx int32 [T, k] in [-1, E) (-1: no expert)."""
+    if not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(
+            f"sluice.ep.fan_out_tokens: num_experts must be an int >= 1, got {num_experts!r}"
+        )
+    return _fan_out_checked("fan_out_tokens", x, topk_idx, topk_weights, num_experts)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))

@@ -228,11 +228,8 @@ def _dropless_local(cfg, x, idx, weights, wi, wo, gmm):
         # sluice's counting-sort fan-out/fan-in (C/CUDA, no argsort, no scatter-add in the backward).
         from sluice import ep
 
-        xs, counts, pos = ep._fan_out(x, idx, cfg.num_experts)
-        ys = _swiglu_grouped(xs, wi, wo, counts, gmm)
-        return ep._fan_in(
-            ys, weights.astype(jnp.float32), pos, counts, cfg.num_experts, jnp.float32
-        )
+        xs, counts, fan = ep.fan_out_tokens(x, idx, weights, num_experts=cfg.num_experts)
+        return ep.fan_in(_swiglu_grouped(xs, wi, wo, counts, gmm), fan, out_dtype=jnp.float32)
     xs, order, counts = _sort_by_expert(x, idx, cfg.num_experts)
     ys = _swiglu_grouped(xs, wi, wo, counts, gmm)
     y = ys[_inverse_permutation(order)].reshape(t, cfg.top_k, d)

@@ -246,6 +246,30 @@ def test_fan_ops_vs_reference_and_grads():
         assert rel_err(a, b) < 1e-5
 
 
+def test_fan_out_tokens_is_fan_out_without_dispatch():
+    """The one-device entry point: the same rows, sizes and layout as fan_out of the same rows, the
+    weights carried for fan_in, and clear errors."""
+    t, h, k, e = 19, 6, 3, 7
+    x = jnp.asarray(RNG.standard_normal((t, h)), jnp.float32)
+    idx = jnp.asarray(np.stack([RNG.choice(e, k, replace=False) for _ in range(t)]), jnp.int32)
+    w = jnp.asarray(RNG.random((t, k)), jnp.float32)
+    xs, gs, fan = jax.jit(lambda x, i, w: ep.fan_out_tokens(x, i, w, num_experts=e))(x, idx, w)
+    rxs, rgs, rpos = ep.fan_out_reference(x, idx, e)
+    np.testing.assert_array_equal(np.asarray(xs), np.asarray(rxs))
+    np.testing.assert_array_equal(np.asarray(gs), np.asarray(rgs))
+    np.testing.assert_array_equal(np.asarray(fan.pos), np.asarray(rpos))
+    assert int(gs.sum()) == t * k and xs.shape == (t * k, h)
+    np.testing.assert_allclose(
+        np.asarray(ep.fan_in(xs * 2, fan)), np.asarray(2 * jnp.sum(w, 1)[:, None] * x), rtol=1e-6
+    )
+    with pytest.raises(ValueError, match="fan_out_tokens: topk_weights must have topk_idx's shape"):
+        ep.fan_out_tokens(x, idx, w[:, :2], num_experts=e)
+    with pytest.raises(TypeError, match="fan_out_tokens: topk_idx must be int32"):
+        ep.fan_out_tokens(x, idx.astype(jnp.int16), w, num_experts=e)
+    with pytest.raises(ValueError, match="fan_out_tokens: num_experts must be an int >= 1"):
+        ep.fan_out_tokens(x, idx, w, num_experts=0)
+
+
 def test_two_dim_mesh_groups():
     """A (dp=2, ep=4) mesh: two independent groups of 4 ranks."""
     r, dp, t, h, k, e = 4, 2, 6, 8, 3, 8
