@@ -179,6 +179,10 @@ def part_torch(args):
         "cuda": torch.version.cuda,
         "date": datetime.datetime.now(datetime.UTC).isoformat(),
         "iters": args.iters,
+        # sm90 kernel variants forced through the environment (gmm_launch.cu), if any
+        "sluice_variant": {
+            op: os.environ.get(f"SLUICE_{op.upper()}_VARIANT", "default") for op in ("gmm", "tgmm")
+        },
     }
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": results}, f, indent=1)
@@ -275,6 +279,10 @@ def merge(args):
             f"wall-clock median of {jj['meta'].get('jax_iters', '-') if jj else '-'})."
         ),
         "Produced by bench/run_gpu.sh (bench/bench_gmm.py, shapes from bench/shapes.py).",
+        (
+            "sluice sm90 kernel variant (csrc/cuda/sm90_gmm.cu Variant; 'default' = the library's "
+            f"own choice): {tj['meta'].get('sluice_variant', {'gmm': 'default', 'tgmm': 'default'})}."
+        ),
         "",
         (
             "| shape | sizes | sluice gmm | torch grouped_mm | cuBLAS dense | ragged_dot | gmm/torch "

@@ -10,7 +10,7 @@ mkdir -p "$RESULTS"
 if [ "${SKIP_BUILD:-0}" != 1 ] || [ ! -f "$BUILD/libsluice_gpu.so" ]; then
   tests/gpu/build.sh || exit 1
 fi
-stamp=$(date -u +%Y%m%d)
+stamp=${STAMP:-$(date -u +%Y%m%d)} # STAMP names the result files (a second run on one day)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 timeout 600 python3 bench/bench_gmm.py --part torch --lib "$BUILD/libsluice_gpu.so" --out "$RESULTS/torch-part.json"
 if [ "${SKIP_JAX:-0}" != 1 ]; then

@@ -54,6 +54,22 @@ sl_status current_device(DeviceInfo *info, const char *op) {
   return SL_STATUS_SUCCESS;
 }
 
+/* SLUICE_GMM_VARIANT=<n> (gmm) and SLUICE_TGMM_VARIANT=<n> (tgmm) force sm90 kernel variant n
+ * (sm90_gmm.cu's Variant) where it applies, so tests/gpu/run.sh and the benchmark can run the
+ * public API over a candidate that is not the default yet. Read once; -1 (unset or not a number)
+ * is the default choice. */
+int read_variant(const char *name) {
+  const char *e = getenv(name);
+  char *endp = nullptr;
+  const long x = e ? strtol(e, &endp, 10) : -1;
+  return (e && endp != e && *endp == 0 && x >= 0 && x < 100) ? (int)x : -1;
+}
+int forced_sm90_variant(bool tgmm) {
+  static int v[2] = {-3, -3}; /* not read yet; a racing first read stores the same value */
+  if (v[tgmm] == -3) v[tgmm] = read_variant(tgmm ? "SLUICE_TGMM_VARIANT" : "SLUICE_GMM_VARIANT");
+  return v[tgmm];
+}
+
 size_t table_bytes(const sl_gmm_desc *d) {
   size_t b = (size_t)sluice_cuda::table_ints((int)d->num_local_groups) * sizeof(int);
   return (b + 255) & ~(size_t)255;
@@ -156,8 +172,12 @@ sl_status run(const char *op, bool tgmm, const sl_gmm_desc *d, const void *lhs, 
       st = sluice_cuda::naive_gmm_launch(a, tgmm, dev.sms, stream);
     } else {
       st = SL_STATUS_UNSUPPORTED;
-      if (dev.major == 9 && sluice_cuda::sm90_gmm_supports(a, tgmm))
-        st = sluice_cuda::sm90_gmm_launch(a, tgmm, dev.sms, stream);
+      if (dev.major == 9 && sluice_cuda::sm90_gmm_supports(a, tgmm)) {
+        const int forced = forced_sm90_variant(tgmm);
+        st = sluice_cuda::sm90_gmm_launch(a, tgmm, dev.sms, stream, forced);
+        if (st == SL_STATUS_UNSUPPORTED && forced >= 0)
+          st = sluice_cuda::sm90_gmm_launch(a, tgmm, dev.sms, stream);
+      }
       if (st == SL_STATUS_UNSUPPORTED) st = sluice_cuda::sm80_gmm_launch(a, tgmm, dev.sms, stream);
     }
     if (st != SL_STATUS_SUCCESS) return st;

@@ -1,22 +1,23 @@
-/* Hopper grouped GEMM (sm_90a): wgmma m64n256k16 fed by TMA through a 4-stage mbarrier pipeline.
+/* Hopper grouped GEMM (sm_90a): wgmma fed by TMA through an mbarrier pipeline.
  *
- * One persistent CTA per SM, 3 warpgroups: warpgroup 0 produces (one thread issues the TMA loads),
- * warpgroups 1 and 2 each own 64 rows of the 128x256 output tile. Every CTA builds the group table
- * from the device's group_sizes at entry (gmm_common.cuh) and walks tiles t = blockIdx.x,
- * + gridDim.x, ... in the same order in producer and consumers, so no tile mixes groups:
+ * One persistent CTA per SM, 3 warpgroups: warpgroup 0 produces (one thread issues the TMA loads;
+ * in tgmm, warps 1-3 zero rows past a group's end), warpgroups 1 and 2 consume. Every CTA builds
+ * the group table from the device's group_sizes at entry (gmm_common.cuh) and walks tiles
+ * t = blockIdx.x, + gridDim.x, ... in the same order in producer and consumers, so no tile mixes
+ * groups. The Variant comment below says how the consumers share the work: cooperatively (both
+ * on one 128x256 tile, 64 rows each, m64n256k16) or ping-pong (V_PP: each on its own 128x128
+ * tile, two m64n128k16 per k16 step).
  *
- *   gmm   tile = (group j, 128 rows of j, 256 cols). A = lhs rows [K-major, box 64x128], B = rhs[j]
- *         through a 3-d map [G_local, K, N] (N-major, 4 boxes of 64x64) or [G_local, N, K]
- *         (K-major, one 64x256 box). A tile may load rows of the next group; the epilogue stores
+ *   gmm   tile = (group j, 128 rows of j, BN cols). A = lhs rows [K-major, box 64x128], B = rhs[j]
+ *         through a 3-d map [G_local, K, N] (N-major, boxes of 64x64) or [G_local, N, K]
+ *         (K-major, one 64xBN box). A tile may load rows of the next group; the epilogue stores
  *         only this group's rows. K edges and M edges are zero-filled by TMA bounds.
- *   tgmm  tile = (group j, 128 rows of out[j] = K dim, 256 cols), contraction over the group's
- *         rows in blocks of 64: A = lhs^T (M-major, 2 boxes), B = rhs rows (N-major, 4 boxes).
+ *   tgmm  tile = (group j, 128 rows of out[j] = K dim, BN cols), contraction over the group's
+ *         rows in blocks of 64: A = lhs^T (M-major, 2 boxes), B = rhs rows (N-major boxes).
  *         Rows of the last block past the group's end belong to the next group and would join the
- *         contraction: the consumers zero them in shared memory before the wgmma.
+ *         contraction: they are zeroed in shared memory before the wgmma.
  *
- * Shared memory per stage: A 16 KB + B 32 KB, 128B-swizzled, 1024-byte aligned; 4 stages = 192 KB.
- * The mainloop waits for each k-block's wgmmas before releasing its stage (the other consumer
- * warpgroup keeps the tensor cores busy meanwhile). The epilogue stores from registers. */
+ * Shared memory per stage: A 16 KB + B (BN x 64 x 2 bytes), 128B-swizzled, 1024-byte aligned. */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -35,9 +36,9 @@ namespace sluice_cuda {
 namespace sm90 {
 
 constexpr int BM = 128, BN = 256, BK = 64, THREADS = 384;
-constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
-constexpr int BOX_BYTES = 64 * 64 * 2; /* one 64x64 swizzled box */
-constexpr int C_BYTES = BM * BN * 2;   /* 16-bit output tile staged for the TMA store */
+constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2; /* a stage: stage_bytes_of(variant) */
+constexpr int BOX_BYTES = 64 * 64 * 2;                      /* one 64x64 swizzled box */
+constexpr int C_BYTES = BM * BN * 2; /* 16-bit output tile staged for the TMA store */
 static_assert(
     A_BYTES == 2 * BOX_BYTES && B_BYTES == 4 * BOX_BYTES,
     "a stage is 2 A boxes and 4 B boxes of 64x64: the TMA issue and the fix-up assume it");
@@ -51,19 +52,143 @@ static_assert(
  *            written by TMA bulk stores that overlap the next tile's mainloop; 3 stages to make
  *            room for the 64 KB tile. 16-bit outputs; a gmm half-tile that crosses its group's
  *            end falls back to masked register stores.
- *            The default for 16-bit outputs (fastest in dev/NOTES.md's measurements).
+ *            The gmm default for 16-bit outputs (fastest in dev/NOTES.md's measurements).
  *   V_TMA_C0 V_TMA_C with wait_group 0: predicted faster (3 stages and a k-block in flight leave
  *            the producer one stage of lookahead), measured equal on tgmm and 0-11% slower on gmm.
  * In every variant the tgmm rows past a group's end are zeroed by warps 1-3 of the producer
  * warpgroup as soon as the block lands, off the consumers' path; consumers wait for a per-stage
  * "fixed" barrier on those blocks only. */
-enum Variant { V_BASE = 0, V_WAIT1 = 1, V_TMA_C = 2, V_TMA_C0 = 3 };
-__host__ __device__ constexpr bool has_tma_c(int v) { return v == V_TMA_C || v == V_TMA_C0; }
-__host__ __device__ constexpr int stages_of(int v) { return has_tma_c(v) ? 3 : 4; }
-__host__ __device__ constexpr size_t pipe_bytes(int v) {
-  return 1024 /* alignment slack */ + (size_t)stages_of(v) * STAGE_BYTES +
-         (has_tma_c(v) ? C_BYTES : 0) + 4 * stages_of(v) * 8;
+enum Variant {
+  V_BASE = 0,
+  V_WAIT1 = 1,
+  V_TMA_C = 2,
+  V_TMA_C0 = 3,
+  V_TMA_CS = 4,
+  V_PP = 5,
+  V_MC = 6,
+  V_MCN = 7
+};
+/*   V_TMA_CS V_TMA_C that skips work on ragged edges: in gmm, a tile with <= 64 rows of its group
+ *            leaves consumer warpgroup 2 idle (it only passes the stages back); in tgmm, the last
+ *            contraction block issues only the k16 steps that hold rows of the group
+ *            (ceil(rows/16) of 4), and only rows up to the next multiple of 16 need zeroing (none
+ *            when the group ends on one). The tgmm default for 16-bit outputs: +2-5% over V_TMA_C
+ *            on ragged group sizes; gmm: no gain (dev/NOTES.md).
+ *   V_PP     ping-pong: each consumer warpgroup owns a whole 128x128 tile (two m64n128k16 per k16
+ *            step), the warpgroups take alternate tiles of the CTA's list, so one's epilogue runs
+ *            while the other's mainloop keeps the tensor cores busy. 5 stages of 32 KB, a 16 KB
+ *            staging buffer per warpgroup (the tile leaves in two 64-row passes), the V_TMA_CS
+ *            skips (a gmm tile with <= 64 rows issues only its first m64 half). "Turn" barriers
+ *            order the mainloops (see the consumer code). Measured 3-11% slower than V_TMA_C.
+ *   V_MC     V_TMA_CS on clusters of 2 CTAs that take a pair of tiles sharing the B operand (gmm:
+ *            two 128-row tiles of one group and one column block; tgmm: two 128-row blocks of
+ *            out[j] and one column block). Each CTA loads its own A and half of B, multicast to
+ *            both, so a CTA reads 32 KB of the 48 KB stage from L2 instead of all of it. A stage
+ *            is refilled only when the consumers of both CTAs released it (they arrive on both
+ *            CTAs' empty barriers). A pair's second tile past the group (or past K) is a dummy:
+ *            its CTA still loads and passes the stages back, but computes and stores nothing.
+ *            Correct, but measured 0.57-0.78x of V_TMA_C (dev/NOTES.md: not yet understood).
+ *   V_MCN    gmm: V_MC with the pair along N instead (two column blocks of one 128-row tile:
+ *            A, 16 KB, is the shared operand, so a CTA reads 40 KB of 48 from L2), which leaves no
+ *            dummy tiles when the number of column blocks is even. tgmm: V_MC. */
+__host__ __device__ constexpr bool has_tma_c(int v) { return v >= V_TMA_C; }
+__host__ __device__ constexpr bool is_pp(int v) { return v == V_PP; }
+__host__ __device__ constexpr bool has_skip(int v) { return v == V_TMA_CS || v >= V_PP; }
+__host__ __device__ constexpr int cluster_of(int v) { return v >= V_MC ? 2 : 1; }
+/* The pair of a cluster shares A and spans two column blocks (V_MCN gmm), else it shares B. */
+__host__ __device__ constexpr bool pair_n(int v, bool tgmm) { return v == V_MCN && !tgmm; }
+__host__ __device__ constexpr int bn_of(int v) { return is_pp(v) ? 128 : BN; }
+__host__ __device__ constexpr int stages_of(int v) { return is_pp(v) ? 5 : has_tma_c(v) ? 3 : 4; }
+__host__ __device__ constexpr int stage_bytes_of(int v) { return A_BYTES + bn_of(v) * BK * 2; }
+/* TMA_C staging: the 128x256 tile (64 KB), or 64x128 per warpgroup for V_PP (2 x 16 KB). */
+__host__ __device__ constexpr int c_bytes_of(int v) {
+  return is_pp(v) ? 2 * 64 * 128 * 2 : has_tma_c(v) ? C_BYTES : 0;
 }
+__host__ __device__ constexpr size_t pipe_bytes(int v) {
+  return 1024 /* alignment slack */ + (size_t)stages_of(v) * stage_bytes_of(v) + c_bytes_of(v) +
+         4 * stages_of(v) * 8 + 2 * 8 /* V_PP's turn barriers */;
+}
+/* tgmm: the last contraction block of a group holds rv valid rows (1..64); rows [rv, fix_end)
+ * belong to the next group (or are TMA zeros past M) and must be zeroed before the wgmma reads
+ * them. With the skips only the k16 steps below ceil16(rv) run, so only those rows matter. */
+__host__ __device__ constexpr int fix_end(int v, int rv) {
+  return has_skip(v) ? ((rv + 15) & ~15) : BK;
+}
+
+#ifdef SLUICE_SM90A_DEVICE
+template <typename T, int TA, int TB, int NREG>
+__device__ __forceinline__ void wgmma_tile(float (&acc)[NREG], uint64_t da, uint64_t db) {
+  if constexpr (NREG == 128) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value)
+      wgmma_m64n256k16_bf16<TA, TB>(acc, da, db, 1);
+    else
+      wgmma_m64n256k16_f16<TA, TB>(acc, da, db, 1);
+  } else {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value)
+      wgmma_m64n128k16_bf16<TA, TB>(acc, da, db, 1);
+    else
+      wgmma_m64n128k16_f16<TA, TB>(acc, da, db, 1);
+  }
+}
+
+template <int NREG>
+__device__ __forceinline__ void fence_acc(float (&d)[NREG]) {
+#pragma unroll
+  for (int i = 0; i < NREG; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* One 64-row accumulator half (NREG/4 column groups of 8) into 128B-swizzled 64x64 boxes at
+ * cbase: thread holds rows warp*16 + lane/4 (+8), columns 8i + 2*(lane%4) (+1). */
+template <int NREG>
+__device__ __forceinline__ void stage_half(const float (&acc)[NREG], uint32_t cbase,
+                                           sl_dtype out_dtype, int warp, int lane) {
+#pragma unroll
+  for (int i = 0; i < NREG / 4; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + (lane >> 2) + h * 8;
+      const uint32_t addr =
+          cbase + (i >> 3) * BOX_BYTES + r * 128 + (((i & 7) ^ (r & 7)) << 4) + (lane & 3) * 4;
+      uint32_t packed;
+      if (out_dtype == SL_DTYPE_BF16) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+        packed = *reinterpret_cast<uint32_t *>(&v);
+      } else {
+        __half2 v = __floats2half2_rn(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+        packed = *reinterpret_cast<uint32_t *>(&v);
+      }
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
+    }
+}
+
+/* Masked stores of one 64-row accumulator half straight from registers: rows from row0, only
+ * rows < row_limit and columns < n. */
+template <int NREG>
+__device__ __forceinline__ void store_half_regs(const float (&acc)[NREG], void *out,
+                                                sl_dtype out_dtype, int n, int row0, int n0,
+                                                int row_limit, int warp, int lane) {
+  const bool pair_ok = (n % 2) == 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + warp * 16 + (lane >> 2) + h * 8;
+    if (row < row_limit) {
+#pragma unroll
+      for (int i = 0; i < NREG / 4; ++i) {
+        const int col = n0 + i * 8 + (lane & 3) * 2;
+        const size_t idx = (size_t)row * n + col;
+        const float v0 = acc[4 * i + 2 * h], v1 = acc[4 * i + 2 * h + 1];
+        if (pair_ok && col + 1 < n)
+          store_out2(out, out_dtype, idx, v0, v1);
+        else {
+          if (col < n) store_out(out, out_dtype, idx, v0);
+          if (col + 1 < n) store_out(out, out_dtype, idx + 1, v1);
+        }
+      }
+    }
+  }
+}
+
+#endif /* SLUICE_SM90A_DEVICE */
 
 template <typename T, bool TGMM, bool TRANS_B, int VARIANT>
 __global__ void __launch_bounds__(THREADS, 1)
@@ -72,23 +197,34 @@ __global__ void __launch_bounds__(THREADS, 1)
 #ifdef SLUICE_SM90A_DEVICE
   constexpr int STAGES = stages_of(VARIANT);
   constexpr size_t PIPE_BYTES = pipe_bytes(VARIANT);
-  constexpr bool WAIT1 = VARIANT == V_WAIT1 || VARIANT == V_TMA_C, TMA_C = has_tma_c(VARIANT);
+  constexpr bool PP = is_pp(VARIANT), SKIP = has_skip(VARIANT);
+  constexpr bool WAIT1 = VARIANT == V_WAIT1 || VARIANT == V_TMA_C || SKIP;
+  constexpr bool TMA_C = has_tma_c(VARIANT);
+  constexpr int TBN = bn_of(VARIANT), NB = TBN / 64; /* tile columns, 64-column B boxes */
+  constexpr int SBYTES = stage_bytes_of(VARIANT);
+  constexpr int PAIR = cluster_of(VARIANT); /* CTAs per cluster, tiles per scheduled unit */
+  constexpr bool MC = PAIR == 2, PN = pair_n(VARIANT, TGMM);
+  constexpr int PM = PN ? 1 : PAIR; /* tiles of a unit along M (gmm) or K (tgmm) */
+  const uint32_t rank = MC ? cluster_ctarank() : 0, peer = rank ^ 1;
+  const int cid = blockIdx.x / PAIR, ncl = gridDim.x / PAIR; /* cluster id and count */
   extern __shared__ __align__(1024) unsigned char smem_sm90[];
   unsigned char *smem_raw = smem_sm90;
   unsigned char *base = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t stage0 = smem_u32(base);
-  const uint32_t c_smem = stage0 + STAGES * STAGE_BYTES; /* TMA_C only */
-  uint64_t *bars =
-      reinterpret_cast<uint64_t *>(base + STAGES * STAGE_BYTES + (TMA_C ? C_BYTES : 0));
+  const uint32_t c_smem = stage0 + STAGES * SBYTES; /* TMA_C only */
+  uint64_t *bars = reinterpret_cast<uint64_t *>(base + STAGES * SBYTES + c_bytes_of(VARIANT));
   const uint32_t full0 = smem_u32(bars), empty0 = full0 + STAGES * 8, fixed0 = empty0 + STAGES * 8;
   const uint32_t issued0 =
-      fixed0 + STAGES * 8; /* tgmm: producer issued a block that needs fixing */
+      fixed0 + STAGES * 8;                     /* tgmm: producer issued a block that needs fixing */
+  const uint32_t turn0 = issued0 + STAGES * 8; /* V_PP: turn0 + 8 * cw, warpgroup cw's turn */
 
-  const int tiles_n = (a.n + BN - 1) / BN, tiles_k = (a.k + BM - 1) / BM;
+  /* units of work per group: (row blocks / PM) x (column blocks / (PN ? 2 : 1)) */
+  const int tiles_n = (a.n + TBN - 1) / TBN, tiles_k = (a.k + BM - 1) / BM;
+  const int units_n = PN ? (tiles_n + 1) / 2 : tiles_n;
   int *tab = a.table;
   if (tab == nullptr) {
     tab = reinterpret_cast<int *>(smem_raw + PIPE_BYTES);
-    build_group_table(a, tab, TGMM ? 0 : BM, tiles_n, tiles_k * tiles_n);
+    build_group_table(a, tab, TGMM ? 0 : BM * PM, units_n, (tiles_k + PM - 1) / PM * units_n);
   }
   const int GL = a.num_local_groups;
   const int *start = tab + kTableHeader, *end = start + GL, *tile_prefix = end + GL;
@@ -96,14 +232,22 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full0 + 8 * s, 1);
-      mbar_init(empty0 + 8 * s, 8);  /* lane 0 of each consumer warp */
+      /* lane 0 of each consumer warp that reads the stage: both warpgroups, or the owner (PP),
+       * of each CTA whose copy of the stage the producer writes (MC: both CTAs) */
+      mbar_init(empty0 + 8 * s, (PP ? 4 : 8) * PAIR);
       mbar_init(fixed0 + 8 * s, 1);  /* tgmm: the fixer warps zeroed the rows past the group */
       mbar_init(issued0 + 8 * s, 1); /* tgmm: the producer issued such a block into stage s */
     }
+    /* V_PP: all 128 threads of the other consumer warpgroup have seen its last block land */
+    mbar_init(turn0, 128);
+    mbar_init(turn0 + 8, 128);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   if (!TGMM) zero_outside_rows(a, tab[0], tab[1]);
-  __syncthreads();
+  if constexpr (MC)
+    cluster_sync(); /* the peer's barriers exist before any multicast or remote arrive */
+  else
+    __syncthreads();
 
   /* Decodes tile t into (group j, first row m0, first column n0, k-blocks nk, group rows). */
   auto decode = [&](int t, int &j, int &m0, int &n0, int &nk, int &gs, int &ge) {
@@ -112,16 +256,24 @@ __global__ void __launch_bounds__(THREADS, 1)
     gs = start[j];
     ge = end[j];
     int mt, nt;
+    /* MC: (mt, nt) is a pair of 128-row tiles (or, PN, of column blocks); this CTA takes the
+     * rank-th */
+    const int rm = PN ? 0 : (int)rank, rn = PN ? (int)rank : 0;
     if (TGMM) {
-      panel_raster(u, tiles_k, tiles_n, mt, nt);
-      m0 = mt * BM;
+      panel_raster(u, (tiles_k + PM - 1) / PM, units_n, mt, nt);
+      m0 = (mt * PM + rm) * BM;
       nk = (ge - gs + BK - 1) / BK;
     } else {
-      panel_raster(u, (ge - gs + BM - 1) / BM, tiles_n, mt, nt);
-      m0 = gs + mt * BM;
+      panel_raster(u, (ge - gs + BM * PM - 1) / (BM * PM), units_n, mt, nt);
+      m0 = gs + (mt * PM + rm) * BM;
       nk = (a.k + BK - 1) / BK;
     }
-    n0 = nt * BN;
+    n0 = (nt * (PN ? 2 : 1) + rn) * TBN;
+  };
+  /* tgmm: does the last block of a tile with nk blocks over `rows` rows need zeroing? */
+  auto needs_fix = [&](int nk, int rows) {
+    const int rv = rows - (nk - 1) * BK;
+    return TGMM && nk > 0 && rv < fix_end(VARIANT, rv);
   };
 
   const int wg = threadIdx.x / 128;
@@ -130,20 +282,55 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (threadIdx.x == 0) {
       int s = 0;
       uint32_t phase = 0;
-      for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+      for (int t = cid; t < total_tiles; t += ncl) {
         int j, m0, n0, nk, gs, ge;
         decode(t, j, m0, n0, nk, gs, ge);
+        const bool fix = needs_fix(nk, ge - gs);
         for (int kb = 0; kb < nk; ++kb) {
           const uint32_t full = full0 + 8 * s;
           mbar_wait(empty0 + 8 * s, phase ^ 1);
-          mbar_expect_tx(full, STAGE_BYTES);
-          const uint32_t sa = stage0 + s * STAGE_BYTES, sb = sa + A_BYTES;
-          if (TGMM) {
+          mbar_expect_tx(full, SBYTES);
+          const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_BYTES;
+          if (MC) {
+            /* own A; B boxes 2*rank and 2*rank+1 (trans: the rank-th 128 columns) to both CTAs.
+             * A dummy tile (see the consumers) loads the partner's A rows: in bounds, unused. */
+            const int ma = (TGMM ? m0 >= a.k : m0 >= ge) ? m0 - BM : m0;
+            if (PN) {
+              /* A rows m0 + 64*rank (64 of them) to both CTAs; own B, at the partner's columns
+               * when this CTA's block is past N (a dummy) */
+              const int k0 = kb * BK, nb = n0 >= a.n ? n0 - TBN : n0;
+              tma_load_2d_mc(sa + rank * BOX_BYTES, &map_a, k0, m0 + 64 * rank, full, 3);
+              if (TRANS_B) {
+                tma_load_3d(sb, &map_b, k0, nb, j, full);
+              } else {
+#pragma unroll
+                for (int i = 0; i < NB; ++i)
+                  tma_load_3d(sb + i * BOX_BYTES, &map_b, nb + 64 * i, k0, j, full);
+              }
+            } else if (TGMM) {
+              const int r0 = gs + kb * BK;
+              tma_load_2d(sa, &map_a, ma, r0, full);
+              tma_load_2d(sa + BOX_BYTES, &map_a, ma + 64, r0, full);
+#pragma unroll
+              for (int i = 2 * rank; i < 2 * rank + 2; ++i)
+                tma_load_2d_mc(sb + i * BOX_BYTES, &map_b, n0 + 64 * i, r0, full, 3);
+            } else {
+              const int k0 = kb * BK;
+              tma_load_2d(sa, &map_a, k0, ma, full);
+              if (TRANS_B) {
+                tma_load_3d_mc(sb + rank * (B_BYTES / 2), &map_b, k0, n0 + 128 * rank, j, full, 3);
+              } else {
+#pragma unroll
+                for (int i = 2 * rank; i < 2 * rank + 2; ++i)
+                  tma_load_3d_mc(sb + i * BOX_BYTES, &map_b, n0 + 64 * i, k0, j, full, 3);
+              }
+            }
+          } else if (TGMM) {
             const int r0 = gs + kb * BK;
             tma_load_2d(sa, &map_a, m0, r0, full);
             tma_load_2d(sa + BOX_BYTES, &map_a, m0 + 64, r0, full);
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
+            for (int i = 0; i < NB; ++i)
               tma_load_2d(sb + i * BOX_BYTES, &map_b, n0 + 64 * i, r0, full);
           } else {
             const int k0 = kb * BK;
@@ -152,11 +339,11 @@ __global__ void __launch_bounds__(THREADS, 1)
               tma_load_3d(sb, &map_b, k0, n0, j, full);
             } else {
 #pragma unroll
-              for (int i = 0; i < 4; ++i)
+              for (int i = 0; i < NB; ++i)
                 tma_load_3d(sb + i * BOX_BYTES, &map_b, n0 + 64 * i, k0, j, full);
             }
           }
-          if (TGMM && kb == nk - 1 && ge - gs - kb * BK < BK) mbar_arrive(issued0 + 8 * s);
+          if (fix && kb == nk - 1) mbar_arrive(issued0 + 8 * s);
           if (++s == STAGES) s = 0, phase ^= 1;
         }
       }
@@ -166,11 +353,12 @@ __global__ void __launch_bounds__(THREADS, 1)
       const int ft = threadIdx.x - 32;
       long long blk = 0;         /* k-blocks issued so far, as the producer counts them */
       uint32_t issued_phase = 0; /* bit s: parity of stage s's next "issued" phase */
-      for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+      for (int t = cid; t < total_tiles; t += ncl) {
         int j, m0, n0, nk, gs, ge;
         decode(t, j, m0, n0, nk, gs, ge);
-        const int rv = ge - gs - (nk - 1) * BK; /* valid rows of the last block */
-        if (nk > 0 && rv < BK) {
+        if (needs_fix(nk, ge - gs)) {
+          const int rv = ge - gs - (nk - 1) * BK; /* valid rows of the last block */
+          const int fe = fix_end(VARIANT, rv);
           const long long b = blk + nk - 1;
           const int s = (int)(b % STAGES);
           /* Wait until the producer has issued block b: only then is stage s's current full phase
@@ -179,10 +367,11 @@ __global__ void __launch_bounds__(THREADS, 1)
           mbar_wait(issued0 + 8 * s, (issued_phase >> s) & 1);
           issued_phase ^= 1u << s;
           mbar_wait(full0 + 8 * s, (uint32_t)((b / STAGES) & 1));
-          const uint32_t sa = stage0 + s * STAGE_BYTES, sb = sa + A_BYTES;
-          const int chunks = (BK - rv) * 6 * 8; /* rows x (2 A + 4 B boxes) x 16-byte chunks */
+          const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_BYTES;
+          constexpr int PER_ROW = (2 + NB) * 8; /* (2 A + NB B boxes) x 16-byte chunks */
+          const int chunks = (fe - rv) * PER_ROW;
           for (int c = ft; c < chunks; c += 96) {
-            const int row = rv + c / 48, box = (c % 48) / 8, ch = c % 8;
+            const int row = rv + c / PER_ROW, box = (c % PER_ROW) / 8, ch = c % 8;
             const uint32_t addr =
                 (box < 2 ? sa + box * BOX_BYTES : sb + (box - 2) * BOX_BYTES) + row * 128 + ch * 16;
             asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0)
@@ -195,6 +384,164 @@ __global__ void __launch_bounds__(THREADS, 1)
         blk += nk;
       }
     }
+  } else if constexpr (PP) {
+    /* Ping-pong consumers: warpgroup cw takes the CTA's tiles i = cw, cw + 2, ... and steps its
+     * stage counter over the other's tiles. A warpgroup starts waiting on its tile's first block
+     * only after the other has seen its own last block land (the "turn" barriers): a full barrier
+     * wait is a parity wait, right only while the waiter is at most one phase ahead of the
+     * producer, and a warpgroup that skips a whole tile of blocks would otherwise be further
+     * ahead than that. It also keeps the mainloops in order, one after the other, with each
+     * epilogue running during the other warpgroup's mainloop. */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int cw = wg - 1;
+    const int lt = threadIdx.x & 127, warp = lt >> 5, lane = lt & 31;
+    float acc0[64], acc1[64]; /* rows 0-63 and 64-127 of the 128x128 tile */
+    int s = 0, i = 0;
+    uint32_t phase = 0, fixed_phase = 0; /* bit s: parity of stage s's next "fixed" phase */
+    uint32_t turn_phase = 0;
+    const uint32_t cbase = c_smem + cw * (c_bytes_of(VARIANT) / 2);
+    const uint32_t my_turn = turn0 + 8 * cw, other_turn = turn0 + 8 * (1 - cw);
+    for (int t = cid; t < total_tiles; t += ncl, ++i) {
+      int j, m0, n0, nk, gs, ge;
+      decode(t, j, m0, n0, nk, gs, ge);
+      const bool fix = needs_fix(nk, ge - gs);
+      if ((i & 1) != cw) {
+        if (fix) fixed_phase ^= 1u << ((s + nk - 1) % STAGES);
+        const int adv = s + nk;
+        phase ^= (uint32_t)((adv / STAGES) & 1);
+        s = adv % STAGES;
+        continue;
+      }
+      /* One k-block from stage s: NKK k16 steps, both 64-row halves or (TWO false) the first.
+       * The choices are template arguments taken once per tile: a wgmma on a conditional path
+       * makes ptxas serialize every wgmma of the kernel (C7518/C7520). */
+      auto kblock = [&](auto two_c, auto nkk_c, auto last_c) {
+        constexpr bool TWO = decltype(two_c)::value, LAST = decltype(last_c)::value;
+        constexpr int NKK = decltype(nkk_c)::value;
+        mbar_wait(full0 + 8 * s, phase);
+        if constexpr (LAST) mbar_arrive(other_turn);
+        if constexpr (TGMM) {
+          /* wait for the fixers on the last block if it needs them; otherwise this waits on the
+           * full barrier that just completed (a select, not a branch) */
+          const bool fl = fix && LAST;
+          mbar_wait(fl ? fixed0 + 8 * s : full0 + 8 * s, fl ? (fixed_phase >> s) & 1 : phase);
+          fixed_phase ^= (fl ? 1u : 0u) << s;
+        }
+        const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < NKK; ++kk) {
+          uint64_t da0, da1, db;
+          if (TGMM) {
+            da0 = make_desc(sa + kk * 2048, BOX_BYTES, 1024);
+            da1 = make_desc(sa + BOX_BYTES + kk * 2048, BOX_BYTES, 1024);
+            db = make_desc(sb + kk * 2048, BOX_BYTES, 1024);
+          } else {
+            da0 = make_desc(sa + kk * 32, 16, 1024);
+            da1 = make_desc(sa + 64 * 128 + kk * 32, 16, 1024);
+            db = TRANS_B ? make_desc(sb + kk * 32, 16, 1024)
+                         : make_desc(sb + kk * 2048, BOX_BYTES, 1024);
+          }
+          constexpr int TA = TGMM ? 1 : 0, TB = TRANS_B ? 0 : 1;
+          wgmma_tile<T, TA, TB>(acc0, da0, db);
+          if constexpr (TWO) wgmma_tile<T, TA, TB>(acc1, da1, db);
+        }
+        wgmma_commit();
+        wgmma_wait1();
+        fence_acc(acc0);
+        if constexpr (TWO) fence_acc(acc1); /* (a register fence on an idle acc1 is a def: C7515) */
+      };
+      auto release_prev = [&](int kb) {
+        if (kb > 0 && lane == 0) mbar_arrive(empty0 + 8 * (s == 0 ? STAGES - 1 : s - 1));
+        if (++s == STAGES) s = 0, phase ^= 1;
+      };
+      auto zero_acc = [&](auto two_c) {
+#pragma unroll
+        for (int r = 0; r < 64; ++r) {
+          acc0[r] = 0.f;
+          if constexpr (decltype(two_c)::value) acc1[r] = 0.f;
+        }
+      };
+      auto mainloop = [&](auto two_c, auto nkl_c) {
+        /* acc1 is zeroed (and read by the epilogue) only where the second half is computed */
+        zero_acc(two_c);
+        int kb = 0;
+        for (; kb < nk - 1; ++kb) {
+          kblock(two_c, std::integral_constant<int, BK / 16>{}, std::false_type{});
+          release_prev(kb);
+        }
+        kblock(two_c, nkl_c, std::true_type{});
+        release_prev(kb);
+        if constexpr (!decltype(two_c)::value) {
+          wgmma_wait0(); /* nothing in flight where the two register allocations merge (C7515) */
+          fence_acc(acc0);
+        }
+      };
+      using I1 = std::integral_constant<int, 1>;
+      using I2 = std::integral_constant<int, 2>;
+      using I3 = std::integral_constant<int, 3>;
+      using I4 = std::integral_constant<int, 4>;
+      if (i > 0) { /* tile i-1 is the other warpgroup's */
+        mbar_wait(my_turn, turn_phase);
+        turn_phase ^= 1;
+      }
+      if (nk > 0) {
+        if (TGMM) {
+          /* tgmm: the last block issues only the k16 steps that hold rows of the group */
+          const int nkl = (ge - gs - (nk - 1) * BK + 15) / 16;
+          if (nkl == 1)
+            mainloop(std::true_type{}, I1{});
+          else if (nkl == 2)
+            mainloop(std::true_type{}, I2{});
+          else if (nkl == 3)
+            mainloop(std::true_type{}, I3{});
+          else
+            mainloop(std::true_type{}, I4{});
+        } else if (ge - m0 > 64) {
+          mainloop(std::true_type{}, I4{});
+        } else {
+          /* gmm: no row of the second 64-row half is in the group: issue only the first */
+          mainloop(std::false_type{}, I4{});
+        }
+      } else {
+        zero_acc(std::true_type{}); /* tgmm, empty group: its tile of zeros */
+      }
+      wgmma_wait0(); /* unconditional: a wgmma wait on a conditional path serializes (C7518) */
+      fence_acc(acc0);
+      fence_acc(acc1);
+      if (nk > 0 && lane == 0) mbar_arrive(empty0 + 8 * (s == 0 ? STAGES - 1 : s - 1));
+      if (nk == 0) mbar_arrive(other_turn); /* (in the branch above: C7515) */
+
+      /* Epilogue, 64 rows at a time through this warpgroup's 16 KB staging buffer. */
+      const int row_limit = TGMM ? a.k : ge;
+      void *out =
+          TGMM ? (void *)((char *)a.out + (size_t)j * a.k * a.n * dtype_bytes(a.out_dtype)) : a.out;
+      auto epi_half = [&](const float(&acc)[64], int row0) {
+        if (!TGMM && row0 >= row_limit) return; /* tgmm: the TMA store clips rows past K */
+        if (TGMM || row0 + 64 <= ge) {
+          if (lt == 0) bulk_wait_read0(); /* the last store has read the staging buffer */
+          named_bar(2 + cw, 128);
+          stage_half(acc, cbase, a.out_dtype, warp, lane);
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          named_bar(2 + cw, 128);
+          if (lt == 0) {
+#pragma unroll
+            for (int b = 0; b < 2; ++b) {
+              if (TGMM)
+                tma_store_3d(&map_c, cbase + b * BOX_BYTES, n0 + 64 * b, row0, j);
+              else
+                tma_store_2d(&map_c, cbase + b * BOX_BYTES, n0 + 64 * b, row0);
+            }
+            bulk_commit();
+          }
+        } else {
+          store_half_regs(acc, out, a.out_dtype, a.n, row0, n0, row_limit, warp, lane);
+        }
+      };
+      epi_half(acc0, m0);
+      epi_half(acc1, m0 + 64);
+    }
+    if (lt == 0) bulk_wait0(); /* stores done before the CTA's shared memory goes away */
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int cw = wg - 1; /* which 64 rows of the tile */
@@ -202,53 +549,127 @@ __global__ void __launch_bounds__(THREADS, 1)
     float acc[128];
     int s = 0;
     uint32_t phase = 0, fixed_phase = 0; /* bit s: parity of stage s's next "fixed" phase */
-    for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+    /* Hands stage st back: to this CTA's producer, and (MC) to the peer's, which writes half of
+     * this CTA's copy of it. */
+    auto release = [&](int st) {
+      if (lane == 0) {
+        mbar_arrive(empty0 + 8 * st);
+        if constexpr (MC) mbar_arrive_cluster(mapa_shared(empty0 + 8 * st, peer));
+      }
+    };
+    for (int t = cid; t < total_tiles; t += ncl) {
       int j, m0, n0, nk, gs, ge;
       decode(t, j, m0, n0, nk, gs, ge);
+      const bool fix = needs_fix(nk, ge - gs);
+      /* MC: the pair's second tile lies past the group (gmm) or past K (tgmm) */
+      const bool dummy = MC && (PN ? n0 >= a.n : TGMM ? m0 >= a.k : m0 >= ge);
+      if (dummy || (SKIP && !TGMM && cw == 1 && ge - m0 <= 64)) {
+        /* No row of this half is in the group: pass the stages back untouched (after the fixers,
+         * who write into the last one, are done with it). */
+        for (int kb = 0; kb < nk; ++kb) {
+          mbar_wait(full0 + 8 * s, phase);
+          if (fix && kb == nk - 1) {
+            mbar_wait(fixed0 + 8 * s, (fixed_phase >> s) & 1);
+            fixed_phase ^= 1u << s;
+          }
+          release(s);
+          if (++s == STAGES) s = 0, phase ^= 1;
+        }
+        continue;
+      }
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-      for (int kb = 0; kb < nk; ++kb) {
-        mbar_wait(full0 + 8 * s, phase);
-        const uint32_t sa = stage0 + s * STAGE_BYTES, sb = sa + A_BYTES;
-        if (TGMM && kb == nk - 1 && ge - gs - kb * BK < BK) {
-          mbar_wait(fixed0 + 8 * s, (fixed_phase >> s) & 1);
-          fixed_phase ^= 1u << s;
-        }
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {
-          uint64_t da, db;
-          if (TGMM) {
-            da = make_desc(sa + cw * BOX_BYTES + kk * 2048, BOX_BYTES, 1024);
-            db = make_desc(sb + kk * 2048, BOX_BYTES, 1024);
-          } else {
-            da = make_desc(sa + cw * 64 * 128 + kk * 32, 16, 1024);
-            db = TRANS_B ? make_desc(sb + kk * 32, 16, 1024)
-                         : make_desc(sb + kk * 2048, BOX_BYTES, 1024);
+      if constexpr (SKIP && TGMM) {
+        /* The last block issues only the k16 steps that hold rows of the group: the count is a
+         * template argument chosen once per tile, and the fix-up wait is a select, because a
+         * wgmma or a wgmma wait on a conditional path makes ptxas serialize them (C7517-C7520). */
+        auto kblock = [&](auto nkk_c, auto last_c) {
+          constexpr int NKK = decltype(nkk_c)::value;
+          mbar_wait(full0 + 8 * s, phase);
+          if constexpr (decltype(last_c)::value) {
+            mbar_wait(fix ? fixed0 + 8 * s : full0 + 8 * s, fix ? (fixed_phase >> s) & 1 : phase);
+            fixed_phase ^= (fix ? 1u : 0u) << s;
           }
-          constexpr int TA = TGMM ? 1 : 0, TB = TRANS_B ? 0 : 1;
-          if constexpr (std::is_same<T, __nv_bfloat16>::value)
-            wgmma_m64n256k16_bf16<TA, TB>(acc, da, db, 1);
-          else
-            wgmma_m64n256k16_f16<TA, TB>(acc, da, db, 1);
-        }
-        wgmma_commit();
-        if (WAIT1) {
-          /* k-block kb stays in flight; kb-1 is done, so its stage goes back to the producer. */
+          const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_BYTES;
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < NKK; ++kk) {
+            const uint64_t da = make_desc(sa + cw * BOX_BYTES + kk * 2048, BOX_BYTES, 1024);
+            const uint64_t db = make_desc(sb + kk * 2048, BOX_BYTES, 1024);
+            wgmma_tile<T, 1, 1>(acc, da, db);
+          }
+          wgmma_commit();
           wgmma_wait1();
           fence_operands(acc);
-          if (kb > 0 && lane == 0) mbar_arrive(empty0 + 8 * (s == 0 ? STAGES - 1 : s - 1));
-        } else {
+        };
+        auto release_prev = [&](int kb) {
+          if (kb > 0) release(s == 0 ? STAGES - 1 : s - 1);
+          if (++s == STAGES) s = 0, phase ^= 1;
+        };
+        auto mainloop = [&](auto nkl_c) {
+          int kb = 0;
+          for (; kb < nk - 1; ++kb) {
+            kblock(std::integral_constant<int, BK / 16>{}, std::false_type{});
+            release_prev(kb);
+          }
+          kblock(nkl_c, std::true_type{});
+          release_prev(kb);
+        };
+        if (nk > 0) {
+          const int nkl = (ge - gs - (nk - 1) * BK + 15) / 16;
+          if (nkl == 1)
+            mainloop(std::integral_constant<int, 1>{});
+          else if (nkl == 2)
+            mainloop(std::integral_constant<int, 2>{});
+          else if (nkl == 3)
+            mainloop(std::integral_constant<int, 3>{});
+          else
+            mainloop(std::integral_constant<int, 4>{});
+        }
+        wgmma_wait0(); /* unconditional (C7518) */
+        fence_operands(acc);
+        if (nk > 0) release(s == 0 ? STAGES - 1 : s - 1);
+      } else {
+        for (int kb = 0; kb < nk; ++kb) {
+          mbar_wait(full0 + 8 * s, phase);
+          const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_BYTES;
+          if (fix && kb == nk - 1) {
+            mbar_wait(fixed0 + 8 * s, (fixed_phase >> s) & 1);
+            fixed_phase ^= 1u << s;
+          }
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < BK / 16; ++kk) {
+            uint64_t da, db;
+            if (TGMM) {
+              da = make_desc(sa + cw * BOX_BYTES + kk * 2048, BOX_BYTES, 1024);
+              db = make_desc(sb + kk * 2048, BOX_BYTES, 1024);
+            } else {
+              da = make_desc(sa + cw * 64 * 128 + kk * 32, 16, 1024);
+              db = TRANS_B ? make_desc(sb + kk * 32, 16, 1024)
+                           : make_desc(sb + kk * 2048, BOX_BYTES, 1024);
+            }
+            constexpr int TA = TGMM ? 1 : 0, TB = TRANS_B ? 0 : 1;
+            wgmma_tile<T, TA, TB>(acc, da, db);
+          }
+          wgmma_commit();
+          if (WAIT1) {
+            /* k-block kb stays in flight; kb-1 is done, so its stage goes back to the producer. */
+            wgmma_wait1();
+            fence_operands(acc);
+            if (kb > 0) release(s == 0 ? STAGES - 1 : s - 1);
+          } else {
+            wgmma_wait0();
+            fence_operands(acc);
+            release(s);
+          }
+          if (++s == STAGES) s = 0, phase ^= 1;
+        }
+        if (WAIT1 && nk > 0) {
           wgmma_wait0();
           fence_operands(acc);
-          if (lane == 0) mbar_arrive(empty0 + 8 * s);
+          release(s == 0 ? STAGES - 1 : s - 1);
         }
-        if (++s == STAGES) s = 0, phase ^= 1;
-      }
-      if (WAIT1 && nk > 0) {
-        wgmma_wait0();
-        fence_operands(acc);
-        if (lane == 0) mbar_arrive(empty0 + 8 * (s == 0 ? STAGES - 1 : s - 1));
       }
 
       /* Epilogue: thread holds rows warp*16 + lane/4 (+8), columns 8i + 2*(lane%4) (+1). */
@@ -260,23 +681,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         const uint32_t cbase = c_smem + cw * (C_BYTES / 2);
         if (lt == 0) bulk_wait_read0(); /* the previous tile's store has read the staging buffer */
         named_bar(2 + cw, 128);
-#pragma unroll
-        for (int i = 0; i < 32; ++i)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int r = warp * 16 + (lane >> 2) + h * 8;
-            const uint32_t addr = cbase + (i >> 3) * BOX_BYTES + r * 128 +
-                                  (((i & 7) ^ (r & 7)) << 4) + (lane & 3) * 4;
-            uint32_t packed;
-            if (a.out_dtype == SL_DTYPE_BF16) {
-              __nv_bfloat162 v = __floats2bfloat162_rn(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
-              packed = *reinterpret_cast<uint32_t *>(&v);
-            } else {
-              __half2 v = __floats2half2_rn(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
-              packed = *reinterpret_cast<uint32_t *>(&v);
-            }
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
-          }
+        stage_half(acc, cbase, a.out_dtype, warp, lane);
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         named_bar(2 + cw, 128);
         if (lt == 0) {
@@ -290,29 +695,13 @@ __global__ void __launch_bounds__(THREADS, 1)
           bulk_commit();
         }
       } else {
-        const bool pair_ok = (a.n % 2) == 0;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = m0 + cw * 64 + warp * 16 + (lane >> 2) + h * 8;
-          if (row < row_limit) {
-#pragma unroll
-            for (int i = 0; i < 32; ++i) {
-              const int col = n0 + i * 8 + (lane & 3) * 2;
-              const size_t idx = (size_t)row * a.n + col;
-              const float v0 = acc[4 * i + 2 * h], v1 = acc[4 * i + 2 * h + 1];
-              if (pair_ok && col + 1 < a.n)
-                store_out2(out, a.out_dtype, idx, v0, v1);
-              else {
-                if (col < a.n) store_out(out, a.out_dtype, idx, v0);
-                if (col + 1 < a.n) store_out(out, a.out_dtype, idx + 1, v1);
-              }
-            }
-          }
-        }
+        store_half_regs(acc, out, a.out_dtype, a.n, m0 + cw * 64, n0, row_limit, warp, lane);
       }
     }
     if (TMA_C && lt == 0) bulk_wait0(); /* stores done before the CTA's shared memory goes away */
   }
+  /* MC: neither CTA leaves while the peer may still arrive on its barriers */
+  if constexpr (MC) cluster_sync();
 #else
   (void)map_a, (void)map_b, (void)map_c, (void)a;
 #endif
@@ -371,11 +760,13 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     }
   } else {
     const uint64_t da[2] = {K, M}, sa[1] = {K * 2};
-    const uint32_t boxa[2] = {64, 128};
+    const uint32_t boxa[2] = {64, pair_n(VARIANT, TGMM) ? 64u : 128u}; /* V_MCN: half each */
     ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, boxa);
     if (TRANS_B) {
       const uint64_t db[3] = {K, N, GL}, sb[2] = {K * 2, N * K * 2};
-      const uint32_t boxb[3] = {64, 256, 1};
+      /* MC: each CTA of the pair loads half of the columns */
+      const uint32_t boxb[3] = {
+          64, (uint32_t)(bn_of(VARIANT) / (pair_n(VARIANT, TGMM) ? 1 : cluster_of(VARIANT))), 1};
       ok = ok && make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, boxb);
     } else {
       const uint64_t db[3] = {N, K, GL}, sb[2] = {N * 2, K * N * 2};
@@ -396,12 +787,51 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): %zu bytes of shared memory: %s", smem,
                         cudaGetErrorString(err));
-  const long long tiles_n = (a.n + BN - 1) / BN;
-  const long long tiles = TGMM ? (long long)a.num_local_groups * ((a.k + BM - 1) / BM) * tiles_n
-                               : ((a.m + BM - 1) / BM + a.num_local_groups) * tiles_n;
-  long long grid = (!TGMM || tiles > num_sms) ? num_sms : tiles;
-  if (grid < 1) grid = 1;
-  kernel<<<(unsigned)grid, THREADS, smem, stream>>>(ma, mb, mc, a);
+  constexpr int PAIR = cluster_of(VARIANT);
+  constexpr bool PN = pair_n(VARIANT, TGMM);
+  long long tiles_n = (a.n + bn_of(VARIANT) - 1) / bn_of(VARIANT);
+  if (PN) tiles_n = (tiles_n + 1) / 2;
+  const long long tiles_k = (a.k + BM - 1) / BM;
+  /* scheduled units: tiles, or (MC) pairs of tiles */
+  const long long units =
+      TGMM ? (long long)a.num_local_groups * ((tiles_k + PAIR - 1) / PAIR) * tiles_n
+           : ((a.m + BM * (PN ? 1 : PAIR) - 1) / (BM * (PN ? 1 : PAIR)) + a.num_local_groups) *
+                 tiles_n;
+  if (PAIR == 1) {
+    long long grid = (!TGMM || units > num_sms) ? num_sms : units;
+    if (grid < 1) grid = 1;
+    kernel<<<(unsigned)grid, THREADS, smem, stream>>>(ma, mb, mc, a);
+  } else {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = PAIR, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    /* clusters that fit at once (SMs of a cluster share a GPC), read once per kernel */
+    static int max_clusters = -1;
+    if (max_clusters < 0) {
+      cfg.gridDim = dim3(PAIR * (num_sms / PAIR));
+      int n = 0;
+      if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 0;
+      }
+      max_clusters = n;
+    }
+    if (max_clusters < 1) return SL_STATUS_UNSUPPORTED;
+    long long ncl = max_clusters < num_sms / PAIR ? max_clusters : num_sms / PAIR;
+    if (TGMM && units < ncl) ncl = units;
+    if (ncl < 1) ncl = 1;
+    cfg.gridDim = dim3((unsigned)(PAIR * ncl));
+    err = cudaLaunchKernelEx(&cfg, kernel, ma, mb, mc, a);
+    if (err != cudaSuccess)
+      return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): cluster launch failed: %s",
+                          cudaGetErrorString(err));
+  }
   err = cudaGetLastError();
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): launch failed: %s",
@@ -416,14 +846,40 @@ static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
                          : launch<T, false, false, VARIANT>(a, num_sms, s);
 }
 
+/* The variant that runs: `variant` if given (-1: the default for these arguments), or
+ * SL_STATUS_UNSUPPORTED's -2 when the given one cannot run them. */
+/* The defaults for 16-bit outputs (dev/NOTES.md has the measurements behind them). */
+constexpr int kDefaultGmm = V_TMA_C, kDefaultTgmm = V_TMA_CS;
+
+static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
+  if (variant < 0) return tma_c_ok(a) ? (tgmm ? kDefaultTgmm : kDefaultGmm) : V_BASE;
+  if (variant > V_MCN || (has_tma_c(variant) && !tma_c_ok(a))) return -2;
+  return variant;
+}
+
 template <typename T>
 static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t s, int variant) {
-  if (variant < 0) variant = tma_c_ok(a) ? V_TMA_C : V_BASE;
-  if (has_tma_c(variant) && !tma_c_ok(a)) return SL_STATUS_UNSUPPORTED;
-  if (variant == V_BASE) return launch_v<T, V_BASE>(a, tgmm, num_sms, s);
-  if (variant == V_WAIT1) return launch_v<T, V_WAIT1>(a, tgmm, num_sms, s);
-  if (variant == V_TMA_C) return launch_v<T, V_TMA_C>(a, tgmm, num_sms, s);
-  return launch_v<T, V_TMA_C0>(a, tgmm, num_sms, s);
+  switch (variant) {
+    case V_BASE: return launch_v<T, V_BASE>(a, tgmm, num_sms, s);
+    case V_WAIT1: return launch_v<T, V_WAIT1>(a, tgmm, num_sms, s);
+    case V_TMA_C: return launch_v<T, V_TMA_C>(a, tgmm, num_sms, s);
+    case V_TMA_C0: return launch_v<T, V_TMA_C0>(a, tgmm, num_sms, s);
+    case V_TMA_CS: return launch_v<T, V_TMA_CS>(a, tgmm, num_sms, s);
+    case V_PP: return launch_v<T, V_PP>(a, tgmm, num_sms, s);
+    default: {
+      /* clusters that cannot be placed: the same kernel without them */
+      const sl_status st = variant == V_MC ? launch_v<T, V_MC>(a, tgmm, num_sms, s)
+                                           : launch_v<T, V_MCN>(a, tgmm, num_sms, s);
+      if (st != SL_STATUS_UNSUPPORTED) return st;
+      if (a.table) { /* the workspace table was built for pairs of tiles: rebuild it */
+        const int tiles_n = (a.n + BN - 1) / BN, tiles_k = (a.k + BM - 1) / BM;
+        const sl_status t =
+            table_build_launch(a, tgmm, tgmm ? 0 : BM, tiles_n, tiles_k * tiles_n, s);
+        if (t != SL_STATUS_SUCCESS) return t;
+      }
+      return launch_v<T, V_TMA_CS>(a, tgmm, num_sms, s);
+    }
+  }
 }
 
 } /* namespace sm90 */
@@ -441,10 +897,18 @@ bool sm90_gmm_supports(const GmmArgs &a, bool tgmm) {
 sl_status sm90_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t stream,
                           int variant) {
   if (!sm90_gmm_supports(a, tgmm)) return SL_STATUS_UNSUPPORTED;
+  variant = sm90::resolve_variant(a, tgmm, variant);
+  if (variant < 0) return SL_STATUS_UNSUPPORTED;
   if (a.table) {
-    const int tiles_n = (a.n + sm90::BN - 1) / sm90::BN, tiles_k = (a.k + sm90::BM - 1) / sm90::BM;
-    sl_status st =
-        table_build_launch(a, tgmm, tgmm ? 0 : sm90::BM, tiles_n, tiles_k * tiles_n, stream);
+    /* the kernel's own table (gmm_kernel): tiles, or (V_MC, V_MCN) pairs of tiles */
+    const int bn = sm90::bn_of(variant);
+    const bool pn = sm90::pair_n(variant, tgmm);
+    const int pm = pn ? 1 : sm90::cluster_of(variant);
+    int tiles_n = (a.n + bn - 1) / bn;
+    if (pn) tiles_n = (tiles_n + 1) / 2;
+    const int tiles_k = (a.k + sm90::BM - 1) / sm90::BM;
+    sl_status st = table_build_launch(a, tgmm, tgmm ? 0 : sm90::BM * pm, tiles_n,
+                                      (tiles_k + pm - 1) / pm * tiles_n, stream);
     if (st != SL_STATUS_SUCCESS) return st;
   }
   if (a.in_dtype == SL_DTYPE_BF16)

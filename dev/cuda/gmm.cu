@@ -4,8 +4,6 @@
  * Build (tests/gpu/build.sh does this, into build-gpu/):
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
  *        -Iinclude -Icsrc/core dev/cuda/gmm.cu build-gpu/status.o build-gpu/gmm_cpu.o -lgomp -o gmm
- * Run: ./gmm [version]     (no argument: every version)
- *
  * Versions:
  *   1  portable: mma.sync m16n8k16, 128x256x32 tiles, 3-stage cp.async, 8 warps (sm80_gmm.cu)
  *   2  Hopper: wgmma m64n256k16 from TMA, 4-stage mbarrier pipeline, 1 producer + 2 consumer
@@ -13,14 +11,30 @@
  *   3  as 2, one k-block of wgmma kept in flight (wait_group 1) (V_WAIT1)
  *   4  as 3, epilogue staged in swizzled smem and written by TMA stores overlapping the next
  *      tile; 3 stages (V_TMA_C)
- *   5  as 4 with wait_group 0 (V_TMA_C0; the default for 16-bit outputs)
+ *   5  as 4 with wait_group 0 (V_TMA_C0)
+ *   6  as 4, skipping ragged-edge work: gmm tiles with <= 64 group rows leave the second
+ *      consumer warpgroup idle; tgmm's last contraction block issues only the k16 steps that hold
+ *      group rows (V_TMA_CS)
+ *   7  ping-pong: each consumer warpgroup owns a 128x128 tile, alternate tiles, so one's
+ *      epilogue overlaps the other's mainloop; 5 stages of 32 KB; the skips of 6 (V_PP)
+ *   8  as 6 on 2-CTA clusters: a pair of tiles that share B, each CTA loading its own A and half
+ *      of B, multicast to both (V_MC)
+ *   9  gmm: as 8 with the pair along N, sharing A (V_MCN); tgmm: the same kernel as 8
  * (tgmm, all sm90 versions: rows past a group's end are zeroed by the producer warpgroup's spare
  *  warps, off the consumers' path.)
  *
- * First every version is checked against the CPU kernel (sl_gmm_cpu, f32 accumulation) on a small
- * ragged problem, then timed (CUDA events, median of 20 after warm-up) on the four shapes of
- * BENCHMARKS.md with uniform group sizes. Napkin math: 2*M*K*N flops at ~790 TFLOP/s (the dense
- * bf16 rate measured on H200); bytes (M*K + G*K*N + M*N)*2 at ~4.3 TB/s, far below: compute-bound.
+ * Run: ./gmm [versions]   versions: "all", or a comma-separated list of versions to time (default
+ * 4,6,8,9: 4 is the gmm default, 6 the tgmm default, 8 and 9 the cluster kernels; 1-3, 5 and 7
+ * are known slower, dev/NOTES.md).
+ * Every version is checked for correctness whatever the list.
+ *
+ * First every version is checked against the CPU kernel (sl_gmm_cpu, f32 accumulation) on small
+ * ragged problems (and transpose_rhs for gmm), then timed on the four shapes of BENCHMARKS.md with
+ * three group-size patterns: "uniform" (M/G each, tile multiples), "ragged" (M/G +-6%, as a
+ * multinomial draw gives) and "skewed" (Dirichlet(0.3) proportions). Each timed call of every
+ * version takes its turn inside every repetition (CUDA events, median of 25 after warm-up), so
+ * clock drift hits all versions alike. Napkin math: 2*M*K*N flops at ~790 TFLOP/s (the dense bf16
+ * rate measured on H200); bytes (M*K + G*K*N + M*N)*2 at ~4.3 TB/s, far below: compute-bound.
  */
 #include <algorithm>
 #include <random>
@@ -44,7 +58,7 @@
   } while (0)
 
 static const bool kTgmm = HARNESS_TGMM;
-static const int kVersions = 5;
+static const int kVersions = 9;
 
 static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
   if (v == 1) return sluice_cuda::sm80_gmm_launch(a, kTgmm, sms, 0);
@@ -64,6 +78,16 @@ static float bf16_float(uint16_t u) {
   return f;
 }
 
+/* Random bf16 in [-1, 1) from a hash of the index: the timing inputs are made on the device. */
+__global__ void fill_random(__nv_bfloat16 *p, size_t n, uint32_t seed) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    uint32_t x = (uint32_t)i * 2654435761u ^ (uint32_t)(i >> 32) * 40503u ^ seed;
+    x ^= x >> 16, x *= 0x7feb352du, x ^= x >> 15, x *= 0x846ca68bu, x ^= x >> 16;
+    p[i] = __float2bfloat16_rn((float)(x >> 8) * (2.f / 16777216.f) - 1.f);
+  }
+}
+
 struct Problem {
   int m, g, k, n;
   std::vector<int> sizes;
@@ -72,32 +96,41 @@ struct Problem {
   std::vector<uint16_t> h_lhs, h_rhs;
 };
 
-static Problem make_problem(int m, int g, int k, int n, std::vector<int> sizes, bool keep_host) {
+/* host_data: random inputs made on the host and kept (for the CPU reference); otherwise made on
+ * the device. */
+static Problem make_problem(int m, int g, int k, int n, std::vector<int> sizes, bool host_data) {
   Problem p{m, g, k, n, sizes};
   const size_t lhs_n = (size_t)m * k, rhs_n = kTgmm ? (size_t)m * n : (size_t)g * k * n;
   const size_t out_n = kTgmm ? (size_t)g * k * n : (size_t)m * n;
-  std::vector<uint16_t> hl(lhs_n), hr(rhs_n);
-  std::mt19937 rng(7);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  for (auto &x : hl) x = bf16_bits(u(rng));
-  for (auto &x : hr) x = bf16_bits(u(rng));
   CK(cudaMalloc(&p.lhs, lhs_n * 2));
   CK(cudaMalloc(&p.rhs, rhs_n * 2));
   CK(cudaMalloc(&p.out, out_n * 2));
   CK(cudaMalloc(&p.d_sizes, g * 4));
-  CK(cudaMemcpy(p.lhs, hl.data(), lhs_n * 2, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(p.rhs, hr.data(), rhs_n * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(p.d_sizes, sizes.data(), g * 4, cudaMemcpyHostToDevice));
-  if (keep_host) p.h_lhs = hl, p.h_rhs = hr;
+  if (host_data) {
+    std::vector<uint16_t> hl(lhs_n), hr(rhs_n);
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (auto &x : hl) x = bf16_bits(u(rng));
+    for (auto &x : hr) x = bf16_bits(u(rng));
+    CK(cudaMemcpy(p.lhs, hl.data(), lhs_n * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(p.rhs, hr.data(), rhs_n * 2, cudaMemcpyHostToDevice));
+    p.h_lhs = hl, p.h_rhs = hr;
+  } else {
+    fill_random<<<1024, 256>>>((__nv_bfloat16 *)p.lhs, lhs_n, 1u);
+    fill_random<<<1024, 256>>>((__nv_bfloat16 *)p.rhs, rhs_n, 2u);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+  }
   return p;
 }
 
-static sluice_cuda::GmmArgs args_of(const Problem &p) {
+static sluice_cuda::GmmArgs args_of(const Problem &p, int transpose = 0) {
   sluice_cuda::GmmArgs a;
   a.lhs = p.lhs, a.rhs = p.rhs, a.out = p.out, a.group_sizes = p.d_sizes, a.group_offset = nullptr;
   a.table = nullptr;
   a.m = p.m, a.k = p.k, a.n = p.n, a.num_groups = p.g, a.num_local_groups = p.g;
-  a.in_dtype = SL_DTYPE_BF16, a.out_dtype = SL_DTYPE_BF16, a.transpose_rhs = 0;
+  a.in_dtype = SL_DTYPE_BF16, a.out_dtype = SL_DTYPE_BF16, a.transpose_rhs = transpose;
   return a;
 }
 
@@ -105,31 +138,78 @@ static void free_problem(Problem &p) {
   cudaFree(p.lhs), cudaFree(p.rhs), cudaFree(p.out), cudaFree(p.d_sizes);
 }
 
+/* Group sizes summing to m: "uniform" m/g each; "ragged" m/g +-6%; "skewed" Dirichlet(0.3). */
+static std::vector<int> sizes_for(const char *mode, int m, int g) {
+  std::vector<int> s(g, m / g);
+  std::mt19937 rng(11);
+  if (!strcmp(mode, "ragged")) {
+    std::uniform_real_distribution<double> u(-0.06, 0.06);
+    for (int &x : s) x = (int)((double)(m / g) * (1.0 + u(rng)));
+  } else if (!strcmp(mode, "skewed")) {
+    std::gamma_distribution<double> gam(0.3, 1.0);
+    std::vector<double> w(g);
+    double tot = 0;
+    for (double &x : w) tot += (x = gam(rng));
+    for (int i = 0; i < g; ++i) s[i] = (int)(m * w[i] / tot);
+  }
+  long long sum = 0;
+  for (int x : s) sum += x;
+  int big = (int)(std::max_element(s.begin(), s.end()) - s.begin());
+  s[big] += (int)(m - sum); /* rows that rounding left over */
+  return s;
+}
+
 int main(int argc, char **argv) {
-  const int only = argc > 1 ? atoi(argv[1]) : 0;
+  bool want[kVersions + 1] = {false};
+  if (argc > 1 && !strcmp(argv[1], "all")) {
+    for (int v = 1; v <= kVersions; ++v) want[v] = true;
+  } else {
+    const char *list = argc > 1 ? argv[1] : "4,6,8,9";
+    for (const char *c = list; *c;) {
+      const int v = atoi(c);
+      if (v >= 1 && v <= kVersions) want[v] = true;
+      while (*c && *c != ',') ++c;
+      if (*c == ',') ++c;
+    }
+  }
+  setvbuf(stdout, nullptr, _IOLBF, 0); /* every line out even if a timeout kills the run */
+  bool skip[kVersions + 1] = {false};  /* HARNESS_SKIP=8,...: neither checked nor timed */
+  for (const char *c = getenv("HARNESS_SKIP"); c && *c;) {
+    const int v = atoi(c);
+    if (v >= 1 && v <= kVersions) skip[v] = true;
+    while (*c && *c != ',') ++c;
+    if (*c == ',') ++c;
+  }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
   printf("%s on %s (%d SMs)\n", kTgmm ? "tgmm" : "gmm", prop.name, sms);
 
-  /* 1. correctness on a ragged problem with an empty group and odd edges */
-  {
-    std::vector<int> sizes = {300, 0, 1, 517, 129, 0};
-    Problem p = make_problem(1000, 6, 392, 520, sizes, true);
-    const size_t out_n = kTgmm ? (size_t)6 * 392 * 520 : (size_t)1000 * 520;
+  /* 1. correctness on ragged problems with empty groups, 1-row groups, a group that ends on a
+   * multiple of 16 rows, last tiles of 1-64 and 65-127 rows, rows past sum(sizes), and K/N edges
+   * that are not tile multiples; every version */
+  int wrong = 0;
+  bool bad[kVersions + 1] = {false};
+  for (int tr = 0; tr <= (kTgmm ? 0 : 1); ++tr) {
+    std::vector<int> sizes = {300, 0, 1, 517, 129, 0, 48, 100};
+    /* K = 264: 3 row blocks of out[j] in tgmm, so a cluster pair has a dummy second tile */
+    const int G = (int)sizes.size(), M = 1200, K = 264, N = 520;
+    Problem p = make_problem(M, G, K, N, sizes, true);
+    const size_t out_n = kTgmm ? (size_t)G * K * N : (size_t)M * N;
     std::vector<float> ref(out_n);
     sl_gmm_desc d = sl_gmm_desc_default();
     d.m = p.m, d.k = p.k, d.n = p.n, d.num_groups = d.num_local_groups = p.g;
     d.lhs_dtype = d.rhs_dtype = SL_DTYPE_BF16, d.out_dtype = SL_DTYPE_F32;
+    d.transpose_rhs = tr;
     sl_status st =
         kTgmm
             ? sl_tgmm_cpu(&d, p.h_lhs.data(), p.h_rhs.data(), sizes.data(), nullptr, ref.data(), 0)
             : sl_gmm_cpu(&d, p.h_lhs.data(), p.h_rhs.data(), sizes.data(), nullptr, ref.data(), 0);
     if (st != SL_STATUS_SUCCESS) printf("cpu reference failed: %s\n", sl_last_error());
     for (int v = 1; v <= kVersions; ++v) {
-      if (only && v != only) continue;
+      if (skip[v]) continue;
       CK(cudaMemset(p.out, 0xFF, out_n * 2));
-      st = run_version(v, args_of(p), sms);
+      st = run_version(v, args_of(p, tr), sms);
       CK(cudaDeviceSynchronize());
       std::vector<uint16_t> out(out_n);
       CK(cudaMemcpy(out.data(), p.out, out_n * 2, cudaMemcpyDeviceToHost));
@@ -143,14 +223,20 @@ int main(int argc, char **argv) {
           num += (o - ref[i]) * (o - ref[i]);
         den += (double)ref[i] * ref[i];
       }
-      printf("version %d: %s, rel err %.2e, NaN %zu -> %s\n", v, sl_status_string(st),
-             sqrt(num / den), nan,
-             st == SL_STATUS_SUCCESS && nan == 0 && sqrt(num / den) < 1e-2 ? "OK" : "WRONG");
+      const bool ok = st == SL_STATUS_SUCCESS && nan == 0 && sqrt(num / den) < 1e-2;
+      wrong += !ok;
+      bad[v] |= !ok;
+      printf("version %d%s: %s, rel err %.2e, NaN %zu -> %s\n", v, tr ? " transpose_rhs" : "",
+             sl_status_string(st), sqrt(num / den), nan, ok ? "OK" : "WRONG");
     }
     free_problem(p);
   }
 
-  /* 2. timing on the benchmark shapes, uniform group sizes */
+  /* 2. timing on the benchmark shapes, the versions interleaved (only those that checked correct)
+   */
+  std::vector<int> versions;
+  for (int v = 1; v <= kVersions; ++v)
+    if (want[v] && !bad[v] && !skip[v]) versions.push_back(v);
   struct Shape {
     const char *name;
     int m, g, k, n;
@@ -159,33 +245,46 @@ int main(int argc, char **argv) {
                           {"dsv3-down-ep8", 32768, 32, 2048, 7168},
                           {"mixtral-up", 16384, 8, 4096, 14336},
                           {"qwen3-30b-up", 65536, 128, 2048, 1536}};
-  printf("%-18s %8s %10s %10s\n", "shape", "version", "ms", "TFLOP/s");
-  for (const Shape &s : shapes) {
-    std::vector<int> sizes(s.g, s.m / s.g);
-    Problem p = make_problem(s.m, s.g, s.k, s.n, sizes, false);
-    const double flops = 2.0 * s.m * s.k * s.n;
-    for (int v = 1; v <= kVersions; ++v) {
-      if (only && v != only) continue;
-      cudaEvent_t e0, e1;
-      CK(cudaEventCreate(&e0));
-      CK(cudaEventCreate(&e1));
-      for (int w = 0; w < 3; ++w) run_version(v, args_of(p), sms);
-      std::vector<float> ms;
-      for (int r = 0; r < 20; ++r) {
-        CK(cudaEventRecord(e0));
-        run_version(v, args_of(p), sms);
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float t;
-        CK(cudaEventElapsedTime(&t, e0, e1));
-        ms.push_back(t);
-      }
+  const char *modes[] = {"uniform", "ragged", "skewed"};
+  const int reps = 25;
+  printf("%-16s %-8s %7s %9s %8s %9s\n", "shape", "sizes", "version", "ms", "TFLOP/s", "vs first");
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (const Shape &sh : shapes) {
+    for (const char *mode : modes) {
+      std::vector<int> sizes = sizes_for(mode, sh.m, sh.g);
+      Problem p = make_problem(sh.m, sh.g, sh.k, sh.n, sizes, false);
+      const double flops = 2.0 * sh.m * sh.k * sh.n;
+      for (int v : versions)
+        for (int w = 0; w < 2; ++w) run_version(v, args_of(p), sms);
+      std::vector<std::vector<float>> ms(versions.size());
+      for (int r = 0; r < reps; ++r)
+        for (size_t i = 0; i < versions.size(); ++i) {
+          CK(cudaEventRecord(e0));
+          const sl_status st = run_version(versions[i], args_of(p), sms);
+          CK(cudaEventRecord(e1));
+          CK(cudaEventSynchronize(e1));
+          if (st != SL_STATUS_SUCCESS) {
+            printf("version %d failed: %s\n", versions[i], sl_status_string(st));
+            exit(1);
+          }
+          float t;
+          CK(cudaEventElapsedTime(&t, e0, e1));
+          ms[i].push_back(t);
+        }
       CK(cudaGetLastError());
-      std::sort(ms.begin(), ms.end());
-      const float med = ms[ms.size() / 2];
-      printf("%-18s %8d %10.3f %10.1f\n", s.name, v, med, flops / med / 1e9);
+      float first = 0;
+      for (size_t i = 0; i < versions.size(); ++i) {
+        std::sort(ms[i].begin(), ms[i].end());
+        const float med = ms[i][ms[i].size() / 2];
+        if (i == 0) first = med;
+        printf("%-16s %-8s %7d %9.3f %8.1f %8.3fx\n", sh.name, mode, versions[i], med,
+               flops / med / 1e9, first / med);
+      }
+      free_problem(p);
     }
-    free_problem(p);
   }
-  return 0;
+  printf("%s\n", wrong ? "CORRECTNESS FAILED" : "all versions correct");
+  return wrong ? 1 : 0;
 }

@@ -4,6 +4,8 @@
 #   2. compute-sanitizer memcheck and racecheck on a covering subset (--quick)
 #   3. SLUICE_DEBUG=1: bad device sizes must come back as SL_STATUS_INVALID_VALUE
 # BUILD=dir picks the build folder (default build-gpu); SKIP_BUILD=1 reuses what is there.
+# VARIANTS="4 5" also runs steps 1 and 2 with SLUICE_{GMM,TGMM}_VARIANT=<v> (an sm90 kernel variant that is
+# not the default, sm90_gmm.cu's Variant), so a candidate passes the suite before it becomes one.
 # Logs go to $LOGS (default $BUILD/logs). Exit status: number of failed steps.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,5 +28,10 @@ step plain "$BUILD/test_gmm"
 step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_gmm" --quick
 step racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$BUILD/test_gmm" --quick
 step debug env SLUICE_DEBUG=1 "$BUILD/test_gmm" --debug
-grep -h "^FAIL" "$LOGS"/plain.log | head -20
+for v in ${VARIANTS:-}; do
+  step plain-v$v env SLUICE_GMM_VARIANT=$v SLUICE_TGMM_VARIANT=$v "$BUILD/test_gmm"
+  step memcheck-v$v env SLUICE_GMM_VARIANT=$v SLUICE_TGMM_VARIANT=$v compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_gmm" --quick
+  step racecheck-v$v env SLUICE_GMM_VARIANT=$v SLUICE_TGMM_VARIANT=$v compute-sanitizer --tool racecheck --error-exitcode 3 "$BUILD/test_gmm" --quick
+done
+grep -h "^FAIL" "$LOGS"/plain*.log | head -20
 exit $fails
