@@ -13,6 +13,7 @@ import cupy as cp
 import numpy as np
 from sluice import _lib
 from sluice.ep import _CommDesc
+from sluice.ep import _FanDesc as FanDesc
 
 lib = _lib.lib
 vp = ctypes.c_void_p
@@ -31,18 +32,6 @@ class EpDesc(ctypes.Structure):
         ("num_ranks", ctypes.c_int64),
         ("dtype", ctypes.c_int),
         ("tag", ctypes.c_int64),
-    ]
-
-
-class FanDesc(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("num_rows", ctypes.c_int64),
-        ("hidden", ctypes.c_int64),
-        ("topk", ctypes.c_int64),
-        ("num_local_experts", ctypes.c_int64),
-        ("x_dtype", ctypes.c_int),
-        ("out_dtype", ctypes.c_int),
     ]
 
 

@@ -18,38 +18,6 @@
 
 #include "ep_internal.h"
 
-/* ---- conversions shared with the other ep files ---- */
-float ep_f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
-  if (exp == 0) { /* zero or subnormal: man * 2^-24, exact in f32 */
-    float f = (float)man * (1.0f / 16777216.0f);
-    return (h & 0x8000u) ? -f : f;
-  }
-  u = (exp == 31) ? (sign | 0x7f800000u | (man << 13))
-                  : (sign | ((exp + 112u) << 23) | (man << 13));
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-uint16_t ep_f32_to_f16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-  u &= 0x7fffffffu;
-  if (u > 0x7f800000u) return sign | 0x7e00u;  /* NaN */
-  if (u >= 0x477ff000u) return sign | 0x7c00u; /* rounds to infinity */
-  if (u < 0x38800000u) {                       /* f16 subnormal or zero: round a * 2^24 to even */
-    float a;
-    memcpy(&a, &u, 4);
-    float s = a * 16777216.0f, fl = (float)(int32_t)s, r = s - fl;
-    int32_t q = (int32_t)fl + (r > 0.5f || (r == 0.5f && ((int32_t)fl & 1)));
-    return sign | (uint16_t)q;
-  }
-  u += 0xfffu + ((u >> 13) & 1u);
-  return sign | (uint16_t)((u - (112u << 23)) >> 13);
-}
-
 void ep_row_accumulate(sl_dtype t, const void *src, int64_t row, int64_t h, float scale,
                        float *acc) {
   if (t == SL_DTYPE_F32) {
@@ -57,10 +25,10 @@ void ep_row_accumulate(sl_dtype t, const void *src, int64_t row, int64_t h, floa
     for (int64_t i = 0; i < h; ++i) acc[i] += scale * s[i];
   } else if (t == SL_DTYPE_BF16) {
     const uint16_t *s = (const uint16_t *)src + row * h;
-    for (int64_t i = 0; i < h; ++i) acc[i] += scale * ep_bf16_to_f32(s[i]);
+    for (int64_t i = 0; i < h; ++i) acc[i] += scale * sl_bf16_to_f32(s[i]);
   } else {
     const uint16_t *s = (const uint16_t *)src + row * h;
-    for (int64_t i = 0; i < h; ++i) acc[i] += scale * ep_f16_to_f32(s[i]);
+    for (int64_t i = 0; i < h; ++i) acc[i] += scale * sl_f16_to_f32(s[i]);
   }
 }
 
@@ -69,10 +37,10 @@ void ep_row_store(sl_dtype t, const float *acc, int64_t h, void *dst, int64_t ro
     memcpy((float *)dst + row * h, acc, (size_t)h * sizeof(float));
   } else if (t == SL_DTYPE_BF16) {
     uint16_t *d = (uint16_t *)dst + row * h;
-    for (int64_t i = 0; i < h; ++i) d[i] = ep_f32_to_bf16(acc[i]);
+    for (int64_t i = 0; i < h; ++i) d[i] = sl_f32_to_bf16(acc[i]);
   } else {
     uint16_t *d = (uint16_t *)dst + row * h;
-    for (int64_t i = 0; i < h; ++i) d[i] = ep_f32_to_f16(acc[i]);
+    for (int64_t i = 0; i < h; ++i) d[i] = sl_f32_to_f16(acc[i]);
   }
 }
 
@@ -106,6 +74,25 @@ static sl_status check_desc(const sl_ep_desc *d, const char *op) {
   return SL_STATUS_SUCCESS;
 }
 
+/* ids [rows, k]: each in [-1, n) (-1: none), no id twice in a row. */
+static sl_status check_ids(const int32_t *ids, int64_t rows, int64_t k, int64_t n, const char *op,
+                           const char *row_word, const char *id_word) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = ids[r * k + j];
+      if (e < -1 || e >= n)
+        return sl_set_error(SL_STATUS_INVALID_VALUE,
+                            "ep %s: topk_idx[%lld, %lld] = %d is outside [-1, %lld)", op,
+                            (long long)r, (long long)j, e, (long long)n);
+      for (int64_t i = 0; e >= 0 && i < j; ++i)
+        if (ids[r * k + i] == e)
+          return sl_set_error(SL_STATUS_INVALID_VALUE,
+                              "ep %s: %s %lld lists %s %d twice (slots %lld and %lld)", op,
+                              row_word, (long long)r, id_word, e, (long long)i, (long long)j);
+    }
+  return SL_STATUS_SUCCESS;
+}
+
 /* ---- layout ---- */
 sl_status sl_ep_layout_cpu(const sl_ep_desc *d, const int32_t *topk_idx, int32_t *send_pos,
                            int32_t *send_counts, int32_t *expert_counts) {
@@ -113,19 +100,8 @@ sl_status sl_ep_layout_cpu(const sl_ep_desc *d, const int32_t *topk_idx, int32_t
   if (st) return st;
   const int64_t T = d->num_tokens, k = d->topk, E = d->num_experts, R = d->num_ranks, L = E / R;
   /* Validate everything first so outputs are untouched on error. */
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < k; ++j) {
-      const int32_t e = topk_idx[t * k + j];
-      if (e < -1 || e >= E)
-        return sl_set_error(SL_STATUS_INVALID_VALUE,
-                            "ep layout: topk_idx[%lld, %lld] = %d is outside [-1, %lld)",
-                            (long long)t, (long long)j, e, (long long)E);
-      for (int64_t i = 0; e >= 0 && i < j; ++i)
-        if (topk_idx[t * k + i] == e)
-          return sl_set_error(SL_STATUS_INVALID_VALUE,
-                              "ep layout: token %lld lists expert %d twice (slots %lld and %lld)",
-                              (long long)t, e, (long long)i, (long long)j);
-    }
+  st = check_ids(topk_idx, T, k, E, "layout", "token", "expert");
+  if (st) return st;
   for (int64_t r = 0; r < R; ++r) send_counts[r] = 0;
   if (expert_counts)
     for (int64_t e = 0; e < E; ++e) expert_counts[e] = 0;
@@ -437,20 +413,8 @@ sl_status sl_ep_fan_out_cpu(const sl_ep_fan_desc *d, const void *recv_x, const i
   const int64_t N = d->num_rows, H = d->hidden, k = d->topk, L = d->num_local_experts;
   const int64_t M = sl_ep_fan_rows(d);
   const size_t row_bytes = (size_t)H * sl_dtype_size(d->x_dtype);
-  for (int64_t i = 0; i < N; ++i)
-    for (int64_t j = 0; j < k; ++j) {
-      const int32_t e = recv_idx[i * k + j];
-      if (e < -1 || e >= L)
-        return sl_set_error(SL_STATUS_INVALID_VALUE,
-                            "ep fan_out: topk_idx[%lld, %lld] = %d is outside [-1, %lld)",
-                            (long long)i, (long long)j, e, (long long)L);
-      for (int64_t q = 0; e >= 0 && q < j; ++q)
-        if (recv_idx[i * k + q] == e)
-          return sl_set_error(
-              SL_STATUS_INVALID_VALUE,
-              "ep fan_out: row %lld lists local expert %d twice (slots %lld and %lld)",
-              (long long)i, e, (long long)q, (long long)j);
-    }
+  st = check_ids(recv_idx, N, k, L, "fan_out", "row", "local expert");
+  if (st) return st;
   /* Counting sort: sizes, exclusive starts, then a stable placement in (row, slot) order. */
   int64_t *start = malloc((size_t)L * sizeof *start);
   if (!start) return sl_set_error(SL_STATUS_OUT_OF_MEMORY, "ep fan_out: out of memory");

@@ -5,6 +5,7 @@
 
 #include <string.h>
 
+#include "convert.h"
 #include "internal.h"
 
 #ifdef __cplusplus
@@ -62,22 +63,6 @@ sl_status ep_cuda_disconnect(sl_ep_comm *c);
 /* fan_out on CUDA sorts in chunks of whole rows, at most 1024 slots each. */
 static inline int64_t ep_fan_chunk_rows(int64_t k) { return k >= 1024 ? 1 : 1024 / k; }
 
-/* ---- element conversions (round to nearest even, NaN stays NaN) ---- */
-static inline float ep_bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static inline uint16_t ep_f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-float ep_f16_to_f32(uint16_t h);
-uint16_t ep_f32_to_f16(float f);
 
 /* Adds row i of a [*, H] array of dtype t to acc (f32). */
 void ep_row_accumulate(sl_dtype t, const void *src, int64_t row, int64_t h, float scale,

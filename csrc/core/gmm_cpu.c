@@ -15,58 +15,15 @@
 #include <omp.h>
 #endif
 
+#include "convert.h"
 #include "internal.h"
 
 enum { MB = 64, NB = 128, KB = 256, MR = 4, NR = 16 };
 
-/* ---- element conversions (round to nearest even, NaN stays NaN) ---- */
-static inline float bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-static inline float f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
-  if (exp == 0) {
-    float f = ldexpf((float)man, -24);
-    return (h & 0x8000u) ? -f : f;
-  }
-  u = (exp == 31) ? (sign | 0x7f800000u | (man << 13)) : (sign | ((exp + 112u) << 23) | (man << 13));
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static inline uint16_t f32_to_f16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-  u &= 0x7fffffffu;
-  if (u > 0x7f800000u) return sign | 0x7e00u;   /* NaN */
-  if (u >= 0x477ff000u) return sign | 0x7c00u;  /* rounds to infinity */
-  if (u < 0x38800000u) {                        /* f16 subnormal or zero: exact scaling, RNE */
-    float a;
-    memcpy(&a, &u, 4);
-    return sign | (uint16_t)nearbyintf(a * 16777216.0f);
-  }
-  u += 0xfffu + ((u >> 13) & 1u);
-  return sign | (uint16_t)((u - (112u << 23)) >> 13);
-}
-
 static inline float load_elem(sl_dtype t, const void *p, int64_t i) {
   switch (t) {
-    case SL_DTYPE_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
-    case SL_DTYPE_F16: return f16_to_f32(((const uint16_t *)p)[i]);
+    case SL_DTYPE_BF16: return sl_bf16_to_f32(((const uint16_t *)p)[i]);
+    case SL_DTYPE_F16: return sl_f16_to_f32(((const uint16_t *)p)[i]);
     default: return ((const float *)p)[i];
   }
 }
@@ -82,10 +39,10 @@ static void pack(sl_dtype t, const void *src, int64_t rs, int64_t cs, int rows, 
       for (int c = 0; c < cols; ++c) d[c] = s[c * cs];
     } else if (t == SL_DTYPE_BF16) {
       const uint16_t *s = (const uint16_t *)src + r * rs;
-      for (int c = 0; c < cols; ++c) d[c] = bf16_to_f32(s[c * cs]);
+      for (int c = 0; c < cols; ++c) d[c] = sl_bf16_to_f32(s[c * cs]);
     } else {
       const uint16_t *s = (const uint16_t *)src + r * rs;
-      for (int c = 0; c < cols; ++c) d[c] = f16_to_f32(s[c * cs]);
+      for (int c = 0; c < cols; ++c) d[c] = sl_f16_to_f32(s[c * cs]);
     }
   }
 }
@@ -97,10 +54,10 @@ static void store_tile(sl_dtype t, const float *c, int rows, int cols, void *dst
       memcpy((float *)dst + r * ld, s, sizeof(float) * (size_t)cols);
     } else if (t == SL_DTYPE_BF16) {
       uint16_t *d = (uint16_t *)dst + r * ld;
-      for (int j = 0; j < cols; ++j) d[j] = f32_to_bf16(s[j]);
+      for (int j = 0; j < cols; ++j) d[j] = sl_f32_to_bf16(s[j]);
     } else {
       uint16_t *d = (uint16_t *)dst + r * ld;
-      for (int j = 0; j < cols; ++j) d[j] = f32_to_f16(s[j]);
+      for (int j = 0; j < cols; ++j) d[j] = sl_f32_to_f16(s[j]);
     }
   }
 }

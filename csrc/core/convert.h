@@ -1,0 +1,53 @@
+/* f32 <-> bf16 / f16 element conversions of the C core (round to nearest even, NaN stays NaN). */
+#ifndef SLUICE_CONVERT_H_
+#define SLUICE_CONVERT_H_
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline float sl_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline uint16_t sl_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static inline float sl_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+  if (exp == 0) {
+    float f = ldexpf((float)man, -24);
+    return (h & 0x8000u) ? -f : f;
+  }
+  u = (exp == 31) ? (sign | 0x7f800000u | (man << 13))
+                  : (sign | ((exp + 112u) << 23) | (man << 13));
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline uint16_t sl_f32_to_f16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return sign | 0x7e00u;  /* NaN */
+  if (u >= 0x477ff000u) return sign | 0x7c00u; /* rounds to infinity */
+  if (u < 0x38800000u) {                       /* f16 subnormal or zero: exact scaling, RNE */
+    float a;
+    memcpy(&a, &u, 4);
+    return sign | (uint16_t)nearbyintf(a * 16777216.0f);
+  }
+  u += 0xfffu + ((u >> 13) & 1u);
+  return sign | (uint16_t)((u - (112u << 23)) >> 13);
+}
+
+#endif /* SLUICE_CONVERT_H_ */
