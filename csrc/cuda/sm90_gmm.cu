@@ -24,6 +24,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <type_traits>
@@ -66,7 +68,9 @@ enum Variant {
   V_TMA_CS = 4,
   V_PP = 5,
   V_MC = 6,
-  V_MCN = 7
+  V_MCN = 7,
+  V_OV = 8,
+  V_4S = 9
 };
 /*   V_TMA_CS V_TMA_C that skips work on ragged edges: in gmm, a tile with <= 64 rows of its group
  *            leaves consumer warpgroup 2 idle (it only passes the stages back); in tgmm, the last
@@ -90,19 +94,33 @@ enum Variant {
  *            Correct, but measured 0.57-0.78x of V_TMA_C (dev/NOTES.md: not yet understood).
  *   V_MCN    gmm: V_MC with the pair along N instead (two column blocks of one 128-row tile:
  *            A, 16 KB, is the shared operand, so a CTA reads 40 KB of 48 from L2), which leaves no
- *            dummy tiles when the number of column blocks is even. tgmm: V_MC. */
+ *            dummy tiles when the number of column blocks is even. tgmm: V_MC.
+ *   V_OV     V_TMA_CS whose epilogue overlaps the next tile's first k-block: the accumulators
+ *            are packed to 16-bit registers right after the last wgmma, the next tile's first
+ *            k-block is issued (scale_d = 0, so no zeroing), and only then does the warpgroup
+ *            stage the packed half in shared memory and start its TMA store (or, a gmm half that
+ *            crosses its group's end, store it masked from the packed registers). The tensor
+ *            cores idle only for the last wgmma's drain and the packing, not for the staging.
+ *   V_4S     V_OV without the staging: the packed half goes straight from registers to global
+ *            memory (masked 4-byte stores, behind the next tile's first k-block), which leaves
+ *            room for a 4th pipeline stage. Nsight Compute on V_TMA_C tgmm showed the consumers
+ *            waiting on full stages and the producer on empty ones (a pipeline too shallow for
+ *            the L2 latency), and no time in the staging itself. */
 __host__ __device__ constexpr bool has_tma_c(int v) { return v >= V_TMA_C; }
 __host__ __device__ constexpr bool is_pp(int v) { return v == V_PP; }
 __host__ __device__ constexpr bool has_skip(int v) { return v == V_TMA_CS || v >= V_PP; }
-__host__ __device__ constexpr int cluster_of(int v) { return v >= V_MC ? 2 : 1; }
+__host__ __device__ constexpr int cluster_of(int v) { return v == V_MC || v == V_MCN ? 2 : 1; }
+__host__ __device__ constexpr bool is_ov(int v) { return v == V_OV || v == V_4S; }
 /* The pair of a cluster shares A and spans two column blocks (V_MCN gmm), else it shares B. */
 __host__ __device__ constexpr bool pair_n(int v, bool tgmm) { return v == V_MCN && !tgmm; }
 __host__ __device__ constexpr int bn_of(int v) { return is_pp(v) ? 128 : BN; }
-__host__ __device__ constexpr int stages_of(int v) { return is_pp(v) ? 5 : has_tma_c(v) ? 3 : 4; }
+__host__ __device__ constexpr int stages_of(int v) {
+  return is_pp(v) ? 5 : (has_tma_c(v) && v != V_4S) ? 3 : 4;
+}
 __host__ __device__ constexpr int stage_bytes_of(int v) { return A_BYTES + bn_of(v) * BK * 2; }
 /* TMA_C staging: the 128x256 tile (64 KB), or 64x128 per warpgroup for V_PP (2 x 16 KB). */
 __host__ __device__ constexpr int c_bytes_of(int v) {
-  return is_pp(v) ? 2 * 64 * 128 * 2 : has_tma_c(v) ? C_BYTES : 0;
+  return is_pp(v) ? 2 * 64 * 128 * 2 : (has_tma_c(v) && v != V_4S) ? C_BYTES : 0;
 }
 __host__ __device__ constexpr size_t pipe_bytes(int v) {
   return 1024 /* alignment slack */ + (size_t)stages_of(v) * stage_bytes_of(v) + c_bytes_of(v) +
@@ -117,17 +135,18 @@ __host__ __device__ constexpr int fix_end(int v, int rv) {
 
 #ifdef SLUICE_SM90A_DEVICE
 template <typename T, int TA, int TB, int NREG>
-__device__ __forceinline__ void wgmma_tile(float (&acc)[NREG], uint64_t da, uint64_t db) {
+__device__ __forceinline__ void wgmma_tile(float (&acc)[NREG], uint64_t da, uint64_t db,
+                                           int scale_d = 1) {
   if constexpr (NREG == 128) {
     if constexpr (std::is_same<T, __nv_bfloat16>::value)
-      wgmma_m64n256k16_bf16<TA, TB>(acc, da, db, 1);
+      wgmma_m64n256k16_bf16<TA, TB>(acc, da, db, scale_d);
     else
-      wgmma_m64n256k16_f16<TA, TB>(acc, da, db, 1);
+      wgmma_m64n256k16_f16<TA, TB>(acc, da, db, scale_d);
   } else {
     if constexpr (std::is_same<T, __nv_bfloat16>::value)
-      wgmma_m64n128k16_bf16<TA, TB>(acc, da, db, 1);
+      wgmma_m64n128k16_bf16<TA, TB>(acc, da, db, scale_d);
     else
-      wgmma_m64n128k16_f16<TA, TB>(acc, da, db, 1);
+      wgmma_m64n128k16_f16<TA, TB>(acc, da, db, scale_d);
   }
 }
 
@@ -183,6 +202,55 @@ __device__ __forceinline__ void store_half_regs(const float (&acc)[NREG], void *
           if (col < n) store_out(out, out_dtype, idx, v0);
           if (col + 1 < n) store_out(out, out_dtype, idx + 1, v1);
         }
+      }
+    }
+  }
+}
+
+/* V_OV: a 64x256 accumulator half packed to 16-bit pairs, pk[2i + h] = columns 8i + 2*(lane%4)
+ * (+1) of row warp*16 + lane/4 + 8h, so the accumulators are free for the next tile. */
+__device__ __forceinline__ void pack_half(const float (&acc)[128], uint32_t (&pk)[64],
+                                          sl_dtype out_dtype) {
+  if (out_dtype == SL_DTYPE_BF16) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      __nv_bfloat162 v = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+      pk[i] = *reinterpret_cast<uint32_t *>(&v);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      __half2 v = __floats2half2_rn(acc[2 * i], acc[2 * i + 1]);
+      pk[i] = *reinterpret_cast<uint32_t *>(&v);
+    }
+  }
+}
+/* The packed half into the 128B-swizzled 64x64 boxes at cbase (the layout stage_half writes). */
+__device__ __forceinline__ void stage_packed(const uint32_t (&pk)[64], uint32_t cbase, int warp,
+                                             int lane) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + (lane >> 2) + h * 8;
+      const uint32_t addr =
+          cbase + (i >> 3) * BOX_BYTES + r * 128 + (((i & 7) ^ (r & 7)) << 4) + (lane & 3) * 4;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pk[2 * i + h]) : "memory");
+    }
+}
+/* Masked global stores of the packed half: rows from row0 below row_limit, columns below n (a
+ * multiple of 8: V_OV runs only where tma_c_ok holds). */
+__device__ __forceinline__ void store_packed(const uint32_t (&pk)[64], void *out, int n, int row0,
+                                             int n0, int row_limit, int warp, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + warp * 16 + (lane >> 2) + h * 8;
+    if (row < row_limit) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int col = n0 + i * 8 + (lane & 3) * 2;
+        if (col < n) *reinterpret_cast<uint32_t *>((char *)out + ((size_t)row * n + col) * 2) =
+            pk[2 * i + h];
       }
     }
   }
@@ -278,7 +346,10 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if constexpr (is_ov(VARIANT))
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    else
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x == 0) {
       int s = 0;
       uint32_t phase = 0;
@@ -541,6 +612,131 @@ __global__ void __launch_bounds__(THREADS, 1)
       epi_half(acc0, m0);
       epi_half(acc1, m0 + 64);
     }
+    if (lt == 0) bulk_wait0(); /* stores done before the CTA's shared memory goes away */
+  } else if constexpr (is_ov(VARIANT)) {
+    /* V_OV consumers: as the cooperative ones below (64 rows of each 128x256 tile per warpgroup),
+     * with each tile's epilogue moved behind the next tile's first k-block (see Variant). */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    const int cw = wg - 1;
+    const int lt = threadIdx.x & 127, warp = lt >> 5, lane = lt & 31;
+    float acc[128];
+    uint32_t pk[64]; /* the previous tile's half, packed, while `pend` */
+#pragma unroll
+    for (int i = 0; i < 64; ++i) pk[i] = 0u; /* (no undefined value live across the loop) */
+    bool pend = false;
+    int pj = 0, pm0 = 0, pn0 = 0, pge = 0;
+    int s = 0;
+    uint32_t phase = 0, fixed_phase = 0; /* bit s: parity of stage s's next "fixed" phase */
+    const uint32_t cbase = c_smem + cw * (C_BYTES / 2);
+    auto release = [&](int st) {
+      if (lane == 0) mbar_arrive(empty0 + 8 * st);
+    };
+    /* The pending tile's half leaves: staged + TMA store, or masked stores at a group's end. */
+    auto flush = [&]() {
+      if (!pend) return;
+      pend = false;
+      if constexpr (VARIANT == V_4S) {
+        void *out = TGMM ? (void *)((char *)a.out + (size_t)pj * a.k * a.n * 2) : a.out;
+        store_packed(pk, out, a.n, pm0 + cw * 64, pn0, pge, warp, lane);
+      } else if (TGMM || pm0 + cw * 64 + 64 <= pge) {
+        if (lt == 0) bulk_wait_read0(); /* the store before has read the staging buffer */
+        named_bar(2 + cw, 128);
+        stage_packed(pk, cbase, warp, lane);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        named_bar(2 + cw, 128);
+        if (lt == 0) {
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            if (TGMM)
+              tma_store_3d(&map_c, cbase + b * BOX_BYTES, pn0 + 64 * b, pm0 + cw * 64, pj);
+            else
+              tma_store_2d(&map_c, cbase + b * BOX_BYTES, pn0 + 64 * b, pm0 + cw * 64);
+          }
+          bulk_commit();
+        }
+      } else {
+        store_packed(pk, a.out, a.n, pm0 + cw * 64, pn0, pge, warp, lane);
+      }
+    };
+    for (int t = cid; t < total_tiles; t += ncl) {
+      int j, m0, n0, nk, gs, ge;
+      decode(t, j, m0, n0, nk, gs, ge);
+      const bool fix = needs_fix(nk, ge - gs);
+      if (nk == 0) { /* tgmm, empty group: its tile of zeros */
+        flush();
+#pragma unroll
+        for (int i = 0; i < 64; ++i) pk[i] = 0u;
+      } else {
+        /* One k-block from stage s: NKK k16 steps (tgmm's last block: those holding group rows),
+         * the first of a tile with scale_d = 0. Choices are template arguments (C7515-C7520). */
+        auto step = [&](auto first_c, auto nkk_c, auto last_c, int kb) {
+          constexpr bool FIRST = decltype(first_c)::value, LAST = decltype(last_c)::value;
+          constexpr int NKK = decltype(nkk_c)::value;
+          mbar_wait(full0 + 8 * s, phase);
+          if constexpr (TGMM && LAST) {
+            /* the fixers' barrier when this block needs them, else the full one again (a select) */
+            mbar_wait(fix ? fixed0 + 8 * s : full0 + 8 * s, fix ? (fixed_phase >> s) & 1 : phase);
+            fixed_phase ^= (fix ? 1u : 0u) << s;
+          }
+          const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_BYTES;
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < NKK; ++kk) {
+            uint64_t da, db;
+            if (TGMM) {
+              da = make_desc(sa + cw * BOX_BYTES + kk * 2048, BOX_BYTES, 1024);
+              db = make_desc(sb + kk * 2048, BOX_BYTES, 1024);
+            } else {
+              da = make_desc(sa + cw * 64 * 128 + kk * 32, 16, 1024);
+              db = TRANS_B ? make_desc(sb + kk * 32, 16, 1024)
+                           : make_desc(sb + kk * 2048, BOX_BYTES, 1024);
+            }
+            constexpr int TA = TGMM ? 1 : 0, TB = TRANS_B ? 0 : 1;
+            wgmma_tile<T, TA, TB>(acc, da, db, (FIRST && kk == 0) ? 0 : 1);
+          }
+          wgmma_commit();
+          wgmma_wait1(); /* block kb-1 done: its stage goes back */
+          fence_operands(acc);
+          if constexpr (FIRST) flush(); /* the previous tile leaves while this block runs */
+          if (kb > 0) release(s == 0 ? STAGES - 1 : s - 1);
+          if (++s == STAGES) s = 0, phase ^= 1;
+        };
+        using TT = std::true_type;
+        using FF = std::false_type;
+        using I4 = std::integral_constant<int, 4>;
+        auto mainloop = [&](auto nkl_c) {
+          if (nk == 1) {
+            step(TT{}, nkl_c, TT{}, 0);
+          } else {
+            step(TT{}, I4{}, FF{}, 0);
+            int kb = 1;
+            for (; kb < nk - 1; ++kb) step(FF{}, I4{}, FF{}, kb);
+            step(FF{}, nkl_c, TT{}, kb);
+          }
+        };
+        if (TGMM) {
+          const int nkl = (ge - gs - (nk - 1) * BK + 15) / 16;
+          if (nkl == 1)
+            mainloop(std::integral_constant<int, 1>{});
+          else if (nkl == 2)
+            mainloop(std::integral_constant<int, 2>{});
+          else if (nkl == 3)
+            mainloop(std::integral_constant<int, 3>{});
+          else
+            mainloop(I4{});
+        } else {
+          mainloop(I4{});
+        }
+      }
+      wgmma_wait0(); /* unconditional (C7518) */
+      fence_operands(acc);
+      if (nk > 0) {
+        release(s == 0 ? STAGES - 1 : s - 1);
+        pack_half(acc, pk, a.out_dtype);
+      }
+      pend = true, pj = j, pm0 = m0, pn0 = n0, pge = TGMM ? a.k : ge;
+    }
+    flush();
     if (lt == 0) bulk_wait0(); /* stores done before the CTA's shared memory goes away */
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
@@ -821,6 +1017,9 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
         n = 0;
       }
       max_clusters = n;
+      if (getenv("SLUICE_GMM_LOG"))
+        fprintf(stderr, "gmm (sm90, variant %d, %s): %d co-resident 2-CTA clusters, %zu B smem\n",
+                VARIANT, TGMM ? "tgmm" : "gmm", n, smem);
     }
     if (max_clusters < 1) return SL_STATUS_UNSUPPORTED;
     long long ncl = max_clusters < num_sms / PAIR ? max_clusters : num_sms / PAIR;
@@ -853,7 +1052,7 @@ constexpr int kDefaultGmm = V_TMA_C, kDefaultTgmm = V_TMA_CS;
 
 static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   if (variant < 0) return tma_c_ok(a) ? (tgmm ? kDefaultTgmm : kDefaultGmm) : V_BASE;
-  if (variant > V_MCN || (has_tma_c(variant) && !tma_c_ok(a))) return -2;
+  if (variant > V_4S || (has_tma_c(variant) && !tma_c_ok(a))) return -2;
   return variant;
 }
 
@@ -866,6 +1065,8 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     case V_TMA_C0: return launch_v<T, V_TMA_C0>(a, tgmm, num_sms, s);
     case V_TMA_CS: return launch_v<T, V_TMA_CS>(a, tgmm, num_sms, s);
     case V_PP: return launch_v<T, V_PP>(a, tgmm, num_sms, s);
+    case V_OV: return launch_v<T, V_OV>(a, tgmm, num_sms, s);
+    case V_4S: return launch_v<T, V_4S>(a, tgmm, num_sms, s);
     default: {
       /* clusters that cannot be placed: the same kernel without them */
       const sl_status st = variant == V_MC ? launch_v<T, V_MC>(a, tgmm, num_sms, s)

@@ -87,9 +87,11 @@ __device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
   return r;
 }
+/* (No .release.cluster: that compiles to a GPU-scope MEMBAR per call, which stalled every stage
+ * release of the cluster kernels - Nsight Compute, dev/NOTES.md. The consumer only read the stage,
+ * through wgmma, and waited for those reads, so the default .release.cta is enough.) */
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t remote_bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar)
-               : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar) : "memory");
 }
 /* Every thread of every CTA of the cluster. */
 __device__ __forceinline__ void cluster_sync() {
