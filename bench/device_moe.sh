@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One measurement session of the MoE layer and the training step on a machine with two GPUs:
-# bench_moe.py on one GPU and over two (EP 2), bench_train.sh tgs on one GPU (and with EP 2 when
-# T_TGS2 > 0). On a one-GPU machine only the one-GPU parts run. Every phase runs under a time limit
+# One measurement session of the MoE layer and the training step on a machine with 2+ GPUs:
+# bench_moe.py on one GPU and over all of them (EP = the GPU count, or EP_DEGREE), bench_train.sh tgs
+# on one GPU (and with that EP when T_TGS2 > 0). On a one-GPU machine only the one-GPU parts run. Every phase runs under a time limit
 # (T_* below, seconds) so the script ends within about 3.5 minutes. T_MOE_SMALL > 0 adds ragged_dot
 # at a batch where it fits (MOE_SMALL_BATCH, default 1); CONV_STEPS > 0 adds a convergence phase
 # (seed i of CONV_SEEDS on GPU i, its three paths at once; preset CONV_PRESET, default small).
 # Results and logs go to $RESULTS (default $OUT, else bench/results/device-<date>): summary.txt,
-# moe-{1gpu,ep2}.{jsonl,log}, tgs.md, runs.tgz (the run directories), convergence.{md,png,tgz}.
+# moe-{1gpu,ep<N>}.{jsonl,log}, tgs.md, runs.tgz (the run directories), convergence.{md,png,tgz}.
 #
 # It uses the GPU image's own flax and optax (flax 0.12.10 there; flax 0.12.8, the version pinned for
 # jax 0.10.2, does not import under jax 0.11.2), and reads what was carried beside the tree (ignored
@@ -43,6 +43,7 @@ moe_shape=(--preset "${MOE_PRESET:-dsv3-proxy}" --batch-size "${MOE_BATCH:-8}")
 tgs_env=(DATA="$data" PRESET="${TGS_PRESET:-small}" STEPS="${TGS_STEPS:-15}")
 
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c GPU || true)
+ep=${EP_DEGREE:-$ngpu} # phases B and C: expert parallelism over every GPU of the host (2, 4 or 8)
 bench_moe_1gpu() {
   CUDA_VISIBLE_DEVICES=0 timeout "${T_MOE:-100}" python3 bench/bench_moe.py "${moe_shape[@]}" \
     --budget 4 --json "$res/moe-1gpu.jsonl" >"$res/moe-1gpu.log" 2>&1
@@ -106,19 +107,19 @@ if [ "$ngpu" -ge 2 ]; then
   bench_moe_1gpu &
   tgs_1gpu 1
   wait
-  log "phase B: bench_moe, EP 2"
-  timeout "${T_EP:-70}" python3 bench/bench_moe.py "${moe_shape[@]}" --ep 2 --budget 3 \
+  log "phase B: bench_moe, EP $ep"
+  timeout "${T_EP:-70}" python3 bench/bench_moe.py "${moe_shape[@]}" --ep "$ep" --budget 3 \
     --variants dense-cf1.25,dense-cf2.0,sluice,sluice+a2a,ragged_dot \
-    --json "$res/moe-ep2.jsonl" >"$res/moe-ep2.log" 2>&1
-  log "bench_moe, EP 2: rc=$?"
+    --json "$res/moe-ep$ep.jsonl" >"$res/moe-ep$ep.log" 2>&1
+  log "bench_moe, EP $ep: rc=$?"
   if [ "${T_TGS2:-0}" -gt 0 ]; then
-    log "phase C: the training step, EP 2"
-    env "${tgs_env[@]}" EP=2 IMPLS="${EP_IMPLS:-dense-cf1.25 sluice ragged_dot}" \
-      timeout "$T_TGS2" bench/bench_train.sh tgs "$work/tgs-ep2" >"$work/tgs-ep2.log" 2>&1
-    log "bench_train tgs, EP 2: rc=$?"
-    [ -f "$work/tgs-ep2/tgs.md" ] ||
-      bench/bench_train.sh tgs-summary "$work/tgs-ep2" >>"$work/tgs-ep2.log" 2>&1
-    { echo; cat "$work/tgs-ep2/tgs.md"; } >>"$res/tgs.md" 2>/dev/null
+    log "phase C: the training step, EP $ep"
+    env "${tgs_env[@]}" EP="$ep" IMPLS="${EP_IMPLS:-dense-cf1.25 sluice ragged_dot}" \
+      timeout "$T_TGS2" bench/bench_train.sh tgs "$work/tgs-ep$ep" >"$work/tgs-ep$ep.log" 2>&1
+    log "bench_train tgs, EP $ep: rc=$?"
+    [ -f "$work/tgs-ep$ep/tgs.md" ] ||
+      bench/bench_train.sh tgs-summary "$work/tgs-ep$ep" >>"$work/tgs-ep$ep.log" 2>&1
+    { echo; cat "$work/tgs-ep$ep/tgs.md"; } >>"$res/tgs.md" 2>/dev/null
   fi
 else
   log "phase A: one GPU: bench_moe, then the training step"

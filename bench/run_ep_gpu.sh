@@ -8,6 +8,8 @@
 #   OUT=/tmp/ep bash bench/run_ep_gpu.sh          # OUT defaults to bench/results/run-ep
 #   EP_BUILD=full bash bench/run_ep_gpu.sh        # build the whole library with CMake (default: ep only,
 #                                                 # faster; gmm's CUDA entry points then report UNSUPPORTED)
+#   SLUICE_LIBRARY=.carry/moe_lib/libsluice.so ... # a library built elsewhere (no build here)
+#   EP_RANKS=4 ...                                # fewer ranks than the host's GPUs
 #   EP_STEPS="capi mp" ...                        # a subset: build capi sanitizer pytest mp bench_capi
 #                                                 # bench_jax bench_mp
 #
@@ -89,7 +91,9 @@ STUB
   nvcc -shared -o $b/libsluice.so "${objs[@]}" -Xcompiler -fopenmp -cudart static -lm -ldl
 }
 want() { [ -z "${EP_STEPS:-}" ] || [[ " $EP_STEPS " == *" $1 "* ]]; }
-if [ "${EP_BUILD:-ep}" = full ] && step build bash -c "cmake -B build -DPython_EXECUTABLE=$(command -v python3) \
+if [ -n "${SLUICE_LIBRARY:-}" ] && [ -f "$SLUICE_LIBRARY" ]; then
+  echo "using $SLUICE_LIBRARY (built elsewhere)" | tee -a "$OUT/summary.txt"
+elif [ "${EP_BUILD:-ep}" = full ] && step build bash -c "cmake -B build -DPython_EXECUTABLE=$(command -v python3) \
   -DCMAKE_CUDA_ARCHITECTURES=$ARCH && cmake --build build -j 32 --target sluice"; then
   :
 else
@@ -99,14 +103,18 @@ else
 fi
 
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+# ranks = every GPU of the host (EP_RANKS=n for fewer): the same script at 2, 4 or 8 GPUs
+R=${EP_RANKS:-$(nvidia-smi -L | wc -l)}
+export EP_RANKS=$R EP_NPROCS=$R
+echo "ranks: $R" | tee -a "$OUT/summary.txt"
 # the checks and figures that matter most first (a run cut short loses the least)
-want capi && step capi_check timeout 120 python3 tests/gpu/ep_capi_check.py --ranks 2 --transport peer ipc nccl
+want capi && step capi_check timeout 120 python3 tests/gpu/ep_capi_check.py --ranks $R --transport peer ipc nccl
 want mp && step mp_test timeout 300 python3 tests/gpu/test_ep_mp.py ipc nccl
 want sanitizer && step sanitizer timeout 100 "$SAN" --tool memcheck --leak-check no --error-exitcode 9 \
   python3 tests/gpu/ep_capi_check.py --ranks 1 --quick --transport peer ipc
-want bench_capi && step bench_capi timeout 150 python3 bench/bench_ep.py --part capi --sms 20 24 32 \
+want bench_capi && step bench_capi timeout 150 python3 bench/bench_ep.py --part capi --ranks $R --sms 20 24 32 \
   --transports peer ipc nccl --transport-sms 24 --out "$OUT/ep-capi.json"
-want bench_mp && step bench_mp timeout 240 python3 bench/bench_ep.py --part mp --sms 24 --reps 5 --unroll 6 \
+want bench_mp && step bench_mp timeout 240 python3 bench/bench_ep.py --part mp --ranks $R --sms 24 --reps 5 --unroll 6 \
   --mp-timeout 110 --out "$OUT/ep-mp.json"
 want pytest && step pytest_gpu timeout 200 python3 -m pytest -x -q tests/gpu/test_ep_gpu.py
 # libnccl probes its kernels with cudaFuncGetAttributes (error 209 on kernels not built for this GPU):
@@ -115,7 +123,7 @@ want pytest && step pytest_gpu timeout 200 python3 -m pytest -x -q tests/gpu/tes
 want sanitizer && step sanitizer_nccl timeout 150 env SLUICE_EP_TIMEOUT=90 "$SAN" --tool memcheck \
   --leak-check no --report-api-errors no --error-exitcode 9 \
   python3 tests/gpu/ep_capi_check.py --ranks 1 --quick --transport nccl
-want bench_jax && step bench_jax timeout 200 python3 bench/bench_ep.py --part jax --sms 20 --reps 5 --out "$OUT/ep-jax.json"
+want bench_jax && step bench_jax timeout 200 python3 bench/bench_ep.py --part jax --ranks $R --sms 20 --reps 5 --out "$OUT/ep-jax.json"
 python3 bench/bench_ep.py --report "$OUT/ep-capi.json" "$OUT/ep-jax.json" "$OUT/ep-mp.json" --md "$OUT/ep.md" >>"$LOG" 2>&1
 
 echo

@@ -45,39 +45,23 @@ static_assert(
     A_BYTES == 2 * BOX_BYTES && B_BYTES == 4 * BOX_BYTES,
     "a stage is 2 A boxes and 4 B boxes of 64x64: the TMA issue and the fix-up assume it");
 
-/* Kernel variants (dev/cuda/gmm.cu times each):
+/* Kernel variants (dev/cuda/gmm.cu times each; dev/NOTES.md has every version's prediction and
+ * measurement, including the variants removed since - V_WAIT1 1, V_TMA_C0 3, V_MCN 7, V_OV 8,
+ * V_4S 9 - whose numbers are not reused):
  *   V_BASE   4 stages, each k-block's wgmmas waited before the next (wait_group 0), epilogue
- *            stores straight from registers.
- *   V_WAIT1  as V_BASE, but one k-block of wgmmas stays in flight (wait_group 1): the stage is
- *            released one k-block later.
- *   V_TMA_C  V_WAIT1 with the epilogue staged in shared memory (128B-swizzled, conflict-free) and
- *            written by TMA bulk stores that overlap the next tile's mainloop; 3 stages to make
- *            room for the 64 KB tile. 16-bit outputs; a gmm half-tile that crosses its group's
- *            end falls back to masked register stores.
- *            The gmm default for 16-bit outputs (fastest in dev/NOTES.md's measurements).
- *   V_TMA_C0 V_TMA_C with wait_group 0: predicted faster (3 stages and a k-block in flight leave
- *            the producer one stage of lookahead), measured equal on tgmm and 0-11% slower on gmm.
- * In every variant the tgmm rows past a group's end are zeroed by warps 1-3 of the producer
- * warpgroup as soon as the block lands, off the consumers' path; consumers wait for a per-stage
- * "fixed" barrier on those blocks only. */
-enum Variant {
-  V_BASE = 0,
-  V_WAIT1 = 1,
-  V_TMA_C = 2,
-  V_TMA_C0 = 3,
-  V_TMA_CS = 4,
-  V_PP = 5,
-  V_MC = 6,
-  V_MCN = 7,
-  V_OV = 8,
-  V_4S = 9
-};
-/*   V_TMA_CS V_TMA_C that skips work on ragged edges: in gmm, a tile with <= 64 rows of its group
+ *            stores straight from registers. Any output dtype: the f32-output path.
+ *   V_TMA_C  3 stages, one k-block of wgmmas in flight (wait_group 1: a stage goes back one
+ *            block later), the epilogue staged in shared memory (128B-swizzled, conflict-free)
+ *            and written by TMA bulk stores that overlap the next tile's mainloop. 16-bit
+ *            outputs; a gmm half-tile that crosses its group's end falls back to masked register
+ *            stores. The gmm default for 16-bit outputs: 93% of cycles with the tensor pipe
+ *            active (Nsight Compute, dsv3-gateup), level with dense cuBLAS.
+ *   V_TMA_CS V_TMA_C that skips work on ragged edges: in gmm, a tile with <= 64 rows of its group
  *            leaves consumer warpgroup 2 idle (it only passes the stages back); in tgmm, the last
  *            contraction block issues only the k16 steps that hold rows of the group
  *            (ceil(rows/16) of 4), and only rows up to the next multiple of 16 need zeroing (none
  *            when the group ends on one). The tgmm default for 16-bit outputs: +2-5% over V_TMA_C
- *            on ragged group sizes; gmm: no gain (dev/NOTES.md).
+ *            on ragged group sizes; gmm: no gain.
  *   V_PP     ping-pong: each consumer warpgroup owns a whole 128x128 tile (two m64n128k16 per k16
  *            step), the warpgroups take alternate tiles of the CTA's list, so one's epilogue runs
  *            while the other's mainloop keeps the tensor cores busy. 5 stages of 32 KB, a 16 KB
@@ -91,36 +75,24 @@ enum Variant {
  *            is refilled only when the consumers of both CTAs released it (they arrive on both
  *            CTAs' empty barriers). A pair's second tile past the group (or past K) is a dummy:
  *            its CTA still loads and passes the stages back, but computes and stores nothing.
- *            Correct, but measured 0.57-0.78x of V_TMA_C (dev/NOTES.md: not yet understood).
- *   V_MCN    gmm: V_MC with the pair along N instead (two column blocks of one 128-row tile:
- *            A, 16 KB, is the shared operand, so a CTA reads 40 KB of 48 from L2), which leaves no
- *            dummy tiles when the number of column blocks is even. tgmm: V_MC.
- *   V_OV     V_TMA_CS whose epilogue overlaps the next tile's first k-block: the accumulators
- *            are packed to 16-bit registers right after the last wgmma, the next tile's first
- *            k-block is issued (scale_d = 0, so no zeroing), and only then does the warpgroup
- *            stage the packed half in shared memory and start its TMA store (or, a gmm half that
- *            crosses its group's end, store it masked from the packed registers). The tensor
- *            cores idle only for the last wgmma's drain and the packing, not for the staging.
- *   V_4S     V_OV without the staging: the packed half goes straight from registers to global
- *            memory (masked 4-byte stores, behind the next tile's first k-block), which leaves
- *            room for a 4th pipeline stage. Nsight Compute on V_TMA_C tgmm showed the consumers
- *            waiting on full stages and the producer on empty ones (a pipeline too shallow for
- *            the L2 latency), and no time in the staging itself. */
-__host__ __device__ constexpr bool has_tma_c(int v) { return v >= V_TMA_C; }
+ *            Measured level with V_TMA_C on uniform sizes, up to 6% (gmm) below on ragged ones.
+ * In every variant the tgmm rows past a group's end are zeroed by warps 1-3 of the producer
+ * warpgroup as soon as the block lands, off the consumers' path; consumers wait for a per-stage
+ * "fixed" barrier on those blocks only. */
+enum Variant { V_BASE = 0, V_TMA_C = 2, V_TMA_CS = 4, V_PP = 5, V_MC = 6 };
+__host__ __device__ constexpr bool is_variant(int v) {
+  return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_PP || v == V_MC;
+}
+__host__ __device__ constexpr bool has_tma_c(int v) { return v != V_BASE; }
 __host__ __device__ constexpr bool is_pp(int v) { return v == V_PP; }
 __host__ __device__ constexpr bool has_skip(int v) { return v == V_TMA_CS || v >= V_PP; }
-__host__ __device__ constexpr int cluster_of(int v) { return v == V_MC || v == V_MCN ? 2 : 1; }
-__host__ __device__ constexpr bool is_ov(int v) { return v == V_OV || v == V_4S; }
-/* The pair of a cluster shares A and spans two column blocks (V_MCN gmm), else it shares B. */
-__host__ __device__ constexpr bool pair_n(int v, bool tgmm) { return v == V_MCN && !tgmm; }
+__host__ __device__ constexpr int cluster_of(int v) { return v == V_MC ? 2 : 1; }
 __host__ __device__ constexpr int bn_of(int v) { return is_pp(v) ? 128 : BN; }
-__host__ __device__ constexpr int stages_of(int v) {
-  return is_pp(v) ? 5 : (has_tma_c(v) && v != V_4S) ? 3 : 4;
-}
+__host__ __device__ constexpr int stages_of(int v) { return is_pp(v) ? 5 : has_tma_c(v) ? 3 : 4; }
 __host__ __device__ constexpr int stage_bytes_of(int v) { return A_BYTES + bn_of(v) * BK * 2; }
 /* TMA_C staging: the 128x256 tile (64 KB), or 64x128 per warpgroup for V_PP (2 x 16 KB). */
 __host__ __device__ constexpr int c_bytes_of(int v) {
-  return is_pp(v) ? 2 * 64 * 128 * 2 : (has_tma_c(v) && v != V_4S) ? C_BYTES : 0;
+  return is_pp(v) ? 2 * 64 * 128 * 2 : has_tma_c(v) ? C_BYTES : 0;
 }
 __host__ __device__ constexpr size_t pipe_bytes(int v) {
   return 1024 /* alignment slack */ + (size_t)stages_of(v) * stage_bytes_of(v) + c_bytes_of(v) +
@@ -207,55 +179,6 @@ __device__ __forceinline__ void store_half_regs(const float (&acc)[NREG], void *
   }
 }
 
-/* V_OV: a 64x256 accumulator half packed to 16-bit pairs, pk[2i + h] = columns 8i + 2*(lane%4)
- * (+1) of row warp*16 + lane/4 + 8h, so the accumulators are free for the next tile. */
-__device__ __forceinline__ void pack_half(const float (&acc)[128], uint32_t (&pk)[64],
-                                          sl_dtype out_dtype) {
-  if (out_dtype == SL_DTYPE_BF16) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      __nv_bfloat162 v = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-      pk[i] = *reinterpret_cast<uint32_t *>(&v);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      __half2 v = __floats2half2_rn(acc[2 * i], acc[2 * i + 1]);
-      pk[i] = *reinterpret_cast<uint32_t *>(&v);
-    }
-  }
-}
-/* The packed half into the 128B-swizzled 64x64 boxes at cbase (the layout stage_half writes). */
-__device__ __forceinline__ void stage_packed(const uint32_t (&pk)[64], uint32_t cbase, int warp,
-                                             int lane) {
-#pragma unroll
-  for (int i = 0; i < 32; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = warp * 16 + (lane >> 2) + h * 8;
-      const uint32_t addr =
-          cbase + (i >> 3) * BOX_BYTES + r * 128 + (((i & 7) ^ (r & 7)) << 4) + (lane & 3) * 4;
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pk[2 * i + h]) : "memory");
-    }
-}
-/* Masked global stores of the packed half: rows from row0 below row_limit, columns below n (a
- * multiple of 8: V_OV runs only where tma_c_ok holds). */
-__device__ __forceinline__ void store_packed(const uint32_t (&pk)[64], void *out, int n, int row0,
-                                             int n0, int row_limit, int warp, int lane) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = row0 + warp * 16 + (lane >> 2) + h * 8;
-    if (row < row_limit) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int col = n0 + i * 8 + (lane & 3) * 2;
-        if (col < n) *reinterpret_cast<uint32_t *>((char *)out + ((size_t)row * n + col) * 2) =
-            pk[2 * i + h];
-      }
-    }
-  }
-}
-
 #endif /* SLUICE_SM90A_DEVICE */
 
 template <typename T, bool TGMM, bool TRANS_B, int VARIANT>
@@ -266,13 +189,13 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr int STAGES = stages_of(VARIANT);
   constexpr size_t PIPE_BYTES = pipe_bytes(VARIANT);
   constexpr bool PP = is_pp(VARIANT), SKIP = has_skip(VARIANT);
-  constexpr bool WAIT1 = VARIANT == V_WAIT1 || VARIANT == V_TMA_C || SKIP;
+  constexpr bool WAIT1 = VARIANT != V_BASE; /* one k-block of wgmmas in flight */
   constexpr bool TMA_C = has_tma_c(VARIANT);
   constexpr int TBN = bn_of(VARIANT), NB = TBN / 64; /* tile columns, 64-column B boxes */
   constexpr int SBYTES = stage_bytes_of(VARIANT);
   constexpr int PAIR = cluster_of(VARIANT); /* CTAs per cluster, tiles per scheduled unit */
-  constexpr bool MC = PAIR == 2, PN = pair_n(VARIANT, TGMM);
-  constexpr int PM = PN ? 1 : PAIR; /* tiles of a unit along M (gmm) or K (tgmm) */
+  constexpr bool MC = PAIR == 2;
+  constexpr int PM = PAIR; /* tiles of a unit along M (gmm) or K (tgmm) */
   const uint32_t rank = MC ? cluster_ctarank() : 0, peer = rank ^ 1;
   const int cid = blockIdx.x / PAIR, ncl = gridDim.x / PAIR; /* cluster id and count */
   extern __shared__ __align__(1024) unsigned char smem_sm90[];
@@ -286,9 +209,9 @@ __global__ void __launch_bounds__(THREADS, 1)
       fixed0 + STAGES * 8;                     /* tgmm: producer issued a block that needs fixing */
   const uint32_t turn0 = issued0 + STAGES * 8; /* V_PP: turn0 + 8 * cw, warpgroup cw's turn */
 
-  /* units of work per group: (row blocks / PM) x (column blocks / (PN ? 2 : 1)) */
+  /* units of work per group: (row blocks / PM) x column blocks */
   const int tiles_n = (a.n + TBN - 1) / TBN, tiles_k = (a.k + BM - 1) / BM;
-  const int units_n = PN ? (tiles_n + 1) / 2 : tiles_n;
+  const int units_n = tiles_n;
   int *tab = a.table;
   if (tab == nullptr) {
     tab = reinterpret_cast<int *>(smem_raw + PIPE_BYTES);
@@ -324,9 +247,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     gs = start[j];
     ge = end[j];
     int mt, nt;
-    /* MC: (mt, nt) is a pair of 128-row tiles (or, PN, of column blocks); this CTA takes the
-     * rank-th */
-    const int rm = PN ? 0 : (int)rank, rn = PN ? (int)rank : 0;
+    /* MC: mt is a pair of 128-row tiles; this CTA takes the rank-th */
+    const int rm = (int)rank;
     if (TGMM) {
       panel_raster(u, (tiles_k + PM - 1) / PM, units_n, mt, nt);
       m0 = (mt * PM + rm) * BM;
@@ -336,7 +258,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       m0 = gs + (mt * PM + rm) * BM;
       nk = (a.k + BK - 1) / BK;
     }
-    n0 = (nt * (PN ? 2 : 1) + rn) * TBN;
+    n0 = nt * TBN;
   };
   /* tgmm: does the last block of a tile with nk blocks over `rows` rows need zeroing? */
   auto needs_fix = [&](int nk, int rows) {
@@ -346,10 +268,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    if constexpr (is_ov(VARIANT))
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-    else
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x == 0) {
       int s = 0;
       uint32_t phase = 0;
@@ -366,19 +285,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             /* own A; B boxes 2*rank and 2*rank+1 (trans: the rank-th 128 columns) to both CTAs.
              * A dummy tile (see the consumers) loads the partner's A rows: in bounds, unused. */
             const int ma = (TGMM ? m0 >= a.k : m0 >= ge) ? m0 - BM : m0;
-            if (PN) {
-              /* A rows m0 + 64*rank (64 of them) to both CTAs; own B, at the partner's columns
-               * when this CTA's block is past N (a dummy) */
-              const int k0 = kb * BK, nb = n0 >= a.n ? n0 - TBN : n0;
-              tma_load_2d_mc(sa + rank * BOX_BYTES, &map_a, k0, m0 + 64 * rank, full, 3);
-              if (TRANS_B) {
-                tma_load_3d(sb, &map_b, k0, nb, j, full);
-              } else {
-#pragma unroll
-                for (int i = 0; i < NB; ++i)
-                  tma_load_3d(sb + i * BOX_BYTES, &map_b, nb + 64 * i, k0, j, full);
-              }
-            } else if (TGMM) {
+            if (TGMM) {
               const int r0 = gs + kb * BK;
               tma_load_2d(sa, &map_a, ma, r0, full);
               tma_load_2d(sa + BOX_BYTES, &map_a, ma + 64, r0, full);
@@ -613,131 +520,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       epi_half(acc1, m0 + 64);
     }
     if (lt == 0) bulk_wait0(); /* stores done before the CTA's shared memory goes away */
-  } else if constexpr (is_ov(VARIANT)) {
-    /* V_OV consumers: as the cooperative ones below (64 rows of each 128x256 tile per warpgroup),
-     * with each tile's epilogue moved behind the next tile's first k-block (see Variant). */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-    const int cw = wg - 1;
-    const int lt = threadIdx.x & 127, warp = lt >> 5, lane = lt & 31;
-    float acc[128];
-    uint32_t pk[64]; /* the previous tile's half, packed, while `pend` */
-#pragma unroll
-    for (int i = 0; i < 64; ++i) pk[i] = 0u; /* (no undefined value live across the loop) */
-    bool pend = false;
-    int pj = 0, pm0 = 0, pn0 = 0, pge = 0;
-    int s = 0;
-    uint32_t phase = 0, fixed_phase = 0; /* bit s: parity of stage s's next "fixed" phase */
-    const uint32_t cbase = c_smem + cw * (C_BYTES / 2);
-    auto release = [&](int st) {
-      if (lane == 0) mbar_arrive(empty0 + 8 * st);
-    };
-    /* The pending tile's half leaves: staged + TMA store, or masked stores at a group's end. */
-    auto flush = [&]() {
-      if (!pend) return;
-      pend = false;
-      if constexpr (VARIANT == V_4S) {
-        void *out = TGMM ? (void *)((char *)a.out + (size_t)pj * a.k * a.n * 2) : a.out;
-        store_packed(pk, out, a.n, pm0 + cw * 64, pn0, pge, warp, lane);
-      } else if (TGMM || pm0 + cw * 64 + 64 <= pge) {
-        if (lt == 0) bulk_wait_read0(); /* the store before has read the staging buffer */
-        named_bar(2 + cw, 128);
-        stage_packed(pk, cbase, warp, lane);
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        named_bar(2 + cw, 128);
-        if (lt == 0) {
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            if (TGMM)
-              tma_store_3d(&map_c, cbase + b * BOX_BYTES, pn0 + 64 * b, pm0 + cw * 64, pj);
-            else
-              tma_store_2d(&map_c, cbase + b * BOX_BYTES, pn0 + 64 * b, pm0 + cw * 64);
-          }
-          bulk_commit();
-        }
-      } else {
-        store_packed(pk, a.out, a.n, pm0 + cw * 64, pn0, pge, warp, lane);
-      }
-    };
-    for (int t = cid; t < total_tiles; t += ncl) {
-      int j, m0, n0, nk, gs, ge;
-      decode(t, j, m0, n0, nk, gs, ge);
-      const bool fix = needs_fix(nk, ge - gs);
-      if (nk == 0) { /* tgmm, empty group: its tile of zeros */
-        flush();
-#pragma unroll
-        for (int i = 0; i < 64; ++i) pk[i] = 0u;
-      } else {
-        /* One k-block from stage s: NKK k16 steps (tgmm's last block: those holding group rows),
-         * the first of a tile with scale_d = 0. Choices are template arguments (C7515-C7520). */
-        auto step = [&](auto first_c, auto nkk_c, auto last_c, int kb) {
-          constexpr bool FIRST = decltype(first_c)::value, LAST = decltype(last_c)::value;
-          constexpr int NKK = decltype(nkk_c)::value;
-          mbar_wait(full0 + 8 * s, phase);
-          if constexpr (TGMM && LAST) {
-            /* the fixers' barrier when this block needs them, else the full one again (a select) */
-            mbar_wait(fix ? fixed0 + 8 * s : full0 + 8 * s, fix ? (fixed_phase >> s) & 1 : phase);
-            fixed_phase ^= (fix ? 1u : 0u) << s;
-          }
-          const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_BYTES;
-          wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < NKK; ++kk) {
-            uint64_t da, db;
-            if (TGMM) {
-              da = make_desc(sa + cw * BOX_BYTES + kk * 2048, BOX_BYTES, 1024);
-              db = make_desc(sb + kk * 2048, BOX_BYTES, 1024);
-            } else {
-              da = make_desc(sa + cw * 64 * 128 + kk * 32, 16, 1024);
-              db = TRANS_B ? make_desc(sb + kk * 32, 16, 1024)
-                           : make_desc(sb + kk * 2048, BOX_BYTES, 1024);
-            }
-            constexpr int TA = TGMM ? 1 : 0, TB = TRANS_B ? 0 : 1;
-            wgmma_tile<T, TA, TB>(acc, da, db, (FIRST && kk == 0) ? 0 : 1);
-          }
-          wgmma_commit();
-          wgmma_wait1(); /* block kb-1 done: its stage goes back */
-          fence_operands(acc);
-          if constexpr (FIRST) flush(); /* the previous tile leaves while this block runs */
-          if (kb > 0) release(s == 0 ? STAGES - 1 : s - 1);
-          if (++s == STAGES) s = 0, phase ^= 1;
-        };
-        using TT = std::true_type;
-        using FF = std::false_type;
-        using I4 = std::integral_constant<int, 4>;
-        auto mainloop = [&](auto nkl_c) {
-          if (nk == 1) {
-            step(TT{}, nkl_c, TT{}, 0);
-          } else {
-            step(TT{}, I4{}, FF{}, 0);
-            int kb = 1;
-            for (; kb < nk - 1; ++kb) step(FF{}, I4{}, FF{}, kb);
-            step(FF{}, nkl_c, TT{}, kb);
-          }
-        };
-        if (TGMM) {
-          const int nkl = (ge - gs - (nk - 1) * BK + 15) / 16;
-          if (nkl == 1)
-            mainloop(std::integral_constant<int, 1>{});
-          else if (nkl == 2)
-            mainloop(std::integral_constant<int, 2>{});
-          else if (nkl == 3)
-            mainloop(std::integral_constant<int, 3>{});
-          else
-            mainloop(I4{});
-        } else {
-          mainloop(I4{});
-        }
-      }
-      wgmma_wait0(); /* unconditional (C7518) */
-      fence_operands(acc);
-      if (nk > 0) {
-        release(s == 0 ? STAGES - 1 : s - 1);
-        pack_half(acc, pk, a.out_dtype);
-      }
-      pend = true, pj = j, pm0 = m0, pn0 = n0, pge = TGMM ? a.k : ge;
-    }
-    flush();
-    if (lt == 0) bulk_wait0(); /* stores done before the CTA's shared memory goes away */
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int cw = wg - 1; /* which 64 rows of the tile */
@@ -758,7 +540,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       decode(t, j, m0, n0, nk, gs, ge);
       const bool fix = needs_fix(nk, ge - gs);
       /* MC: the pair's second tile lies past the group (gmm) or past K (tgmm) */
-      const bool dummy = MC && (PN ? n0 >= a.n : TGMM ? m0 >= a.k : m0 >= ge);
+      const bool dummy = MC && (TGMM ? m0 >= a.k : m0 >= ge);
       if (dummy || (SKIP && !TGMM && cw == 1 && ge - m0 <= 64)) {
         /* No row of this half is in the group: pass the stages back untouched (after the fixers,
          * who write into the last one, are done with it). */
@@ -956,13 +738,13 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     }
   } else {
     const uint64_t da[2] = {K, M}, sa[1] = {K * 2};
-    const uint32_t boxa[2] = {64, pair_n(VARIANT, TGMM) ? 64u : 128u}; /* V_MCN: half each */
+    const uint32_t boxa[2] = {64, 128};
     ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, boxa);
     if (TRANS_B) {
       const uint64_t db[3] = {K, N, GL}, sb[2] = {K * 2, N * K * 2};
       /* MC: each CTA of the pair loads half of the columns */
       const uint32_t boxb[3] = {
-          64, (uint32_t)(bn_of(VARIANT) / (pair_n(VARIANT, TGMM) ? 1 : cluster_of(VARIANT))), 1};
+          64, (uint32_t)(bn_of(VARIANT) / cluster_of(VARIANT)), 1};
       ok = ok && make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, boxb);
     } else {
       const uint64_t db[3] = {N, K, GL}, sb[2] = {N * 2, K * N * 2};
@@ -984,15 +766,12 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): %zu bytes of shared memory: %s", smem,
                         cudaGetErrorString(err));
   constexpr int PAIR = cluster_of(VARIANT);
-  constexpr bool PN = pair_n(VARIANT, TGMM);
-  long long tiles_n = (a.n + bn_of(VARIANT) - 1) / bn_of(VARIANT);
-  if (PN) tiles_n = (tiles_n + 1) / 2;
+  const long long tiles_n = (a.n + bn_of(VARIANT) - 1) / bn_of(VARIANT);
   const long long tiles_k = (a.k + BM - 1) / BM;
   /* scheduled units: tiles, or (MC) pairs of tiles */
   const long long units =
       TGMM ? (long long)a.num_local_groups * ((tiles_k + PAIR - 1) / PAIR) * tiles_n
-           : ((a.m + BM * (PN ? 1 : PAIR) - 1) / (BM * (PN ? 1 : PAIR)) + a.num_local_groups) *
-                 tiles_n;
+           : ((a.m + BM * PAIR - 1) / (BM * PAIR) + a.num_local_groups) * tiles_n;
   if (PAIR == 1) {
     long long grid = (!TGMM || units > num_sms) ? num_sms : units;
     if (grid < 1) grid = 1;
@@ -1052,7 +831,7 @@ constexpr int kDefaultGmm = V_TMA_C, kDefaultTgmm = V_TMA_CS;
 
 static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   if (variant < 0) return tma_c_ok(a) ? (tgmm ? kDefaultTgmm : kDefaultGmm) : V_BASE;
-  if (variant > V_4S || (has_tma_c(variant) && !tma_c_ok(a))) return -2;
+  if (!is_variant(variant) || (has_tma_c(variant) && !tma_c_ok(a))) return -2;
   return variant;
 }
 
@@ -1060,17 +839,12 @@ template <typename T>
 static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t s, int variant) {
   switch (variant) {
     case V_BASE: return launch_v<T, V_BASE>(a, tgmm, num_sms, s);
-    case V_WAIT1: return launch_v<T, V_WAIT1>(a, tgmm, num_sms, s);
     case V_TMA_C: return launch_v<T, V_TMA_C>(a, tgmm, num_sms, s);
-    case V_TMA_C0: return launch_v<T, V_TMA_C0>(a, tgmm, num_sms, s);
     case V_TMA_CS: return launch_v<T, V_TMA_CS>(a, tgmm, num_sms, s);
     case V_PP: return launch_v<T, V_PP>(a, tgmm, num_sms, s);
-    case V_OV: return launch_v<T, V_OV>(a, tgmm, num_sms, s);
-    case V_4S: return launch_v<T, V_4S>(a, tgmm, num_sms, s);
     default: {
-      /* clusters that cannot be placed: the same kernel without them */
-      const sl_status st = variant == V_MC ? launch_v<T, V_MC>(a, tgmm, num_sms, s)
-                                           : launch_v<T, V_MCN>(a, tgmm, num_sms, s);
+      /* V_MC; clusters that cannot be placed: the same kernel without them */
+      const sl_status st = launch_v<T, V_MC>(a, tgmm, num_sms, s);
       if (st != SL_STATUS_UNSUPPORTED) return st;
       if (a.table) { /* the workspace table was built for pairs of tiles: rebuild it */
         const int tiles_n = (a.n + BN - 1) / BN, tiles_k = (a.k + BM - 1) / BM;
@@ -1101,12 +875,9 @@ sl_status sm90_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
   variant = sm90::resolve_variant(a, tgmm, variant);
   if (variant < 0) return SL_STATUS_UNSUPPORTED;
   if (a.table) {
-    /* the kernel's own table (gmm_kernel): tiles, or (V_MC, V_MCN) pairs of tiles */
-    const int bn = sm90::bn_of(variant);
-    const bool pn = sm90::pair_n(variant, tgmm);
-    const int pm = pn ? 1 : sm90::cluster_of(variant);
-    int tiles_n = (a.n + bn - 1) / bn;
-    if (pn) tiles_n = (tiles_n + 1) / 2;
+    /* the kernel's own table (gmm_kernel): tiles, or (V_MC) pairs of tiles */
+    const int bn = sm90::bn_of(variant), pm = sm90::cluster_of(variant);
+    const int tiles_n = (a.n + bn - 1) / bn;
     const int tiles_k = (a.k + sm90::BM - 1) / sm90::BM;
     sl_status st = table_build_launch(a, tgmm, tgmm ? 0 : sm90::BM * pm, tiles_n,
                                       (tiles_k + pm - 1) / pm * tiles_n, stream);

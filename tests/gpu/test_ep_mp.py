@@ -37,8 +37,9 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def run(transport, nprocs=2, timeout=140, seed=None):
-    """Starts the workers; returns (ok, combined output)."""
+def run(transport, nprocs=None, timeout=140, seed=None):
+    """Starts the workers (one per GPU, or EP_NPROCS); returns (ok, combined output)."""
+    nprocs = nprocs or int(os.environ.get("EP_NPROCS", max(_gpus(), 2)))
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     port = _free_port()
     env = dict(os.environ)
