@@ -10,7 +10,7 @@ GB/s counts only bytes that cross to another rank (a rank's rows to itself do no
                                                              #  a sweep of SM counts)
   python3 bench/bench_ep.py --part jax --out results.json    # sluice, NCCL and ragged_all_to_all, all
                                                              # inside jit(shard_map) on the same inputs
-  python3 bench/bench_ep.py --part mp --out results.json     # the jax part in 2 processes (one GPU
+  python3 bench/bench_ep.py --part mp --out results.json     # the jax part in R processes (one GPU
                                                              # each), transports ipc and nccl
   python3 bench/bench_ep.py --report a.json b.json --md out.md
 
@@ -50,19 +50,22 @@ def routing(r, t, k, e, seed=0):
     return np.argsort(-scores, axis=-1)[..., :k].astype(np.int32)
 
 
-def crossing_rows(idx, r, e):
+def crossing_rows(idx, r, e, per_peer=False):
     """rows[s] = tokens of rank s sent to other ranks (deduplicated), pairs[s] = (token, expert) pairs
-    of rank s whose expert is on another rank."""
+    of rank s whose expert is on another rank; with per_peer, also peer[s][d] = tokens of rank s sent
+    to rank d (deduplicated)."""
     l = e // r
     owner = idx // l
-    rows, pairs = [], []
+    rows, pairs, peer = [], [], []
     for s in range(r):
         goes = np.zeros((idx.shape[1], r), bool)
         for j in range(idx.shape[2]):
-            goes[np.arange(idx.shape[1]), owner[s, :, j]] = True
+            ok = idx[s, :, j] >= 0
+            goes[np.arange(idx.shape[1])[ok], owner[s, ok, j]] = True
         rows.append(int(goes.sum() - goes[:, s].sum()))
-        pairs.append(int((owner[s] != s).sum()))
-    return rows, pairs
+        pairs.append(int(((owner[s] != s) & (idx[s] >= 0)).sum()))
+        peer.append([int(c) for c in goes.sum(axis=0)])
+    return (rows, pairs, peer) if per_peer else (rows, pairs)
 
 
 # ---- sluice through the C API, timed with CUDA events ------------------------------------------------
@@ -227,7 +230,7 @@ def part_jax(args):
     )
     transport = ep._COMMS["ep"][-1].transport
     idx = routing(r, t, k, e)
-    rows, pairs = crossing_rows(idx, r, e)
+    rows, pairs, peer = crossing_rows(idx, r, e, per_peer=True)
     rng = np.random.default_rng(1)
     sh = NamedSharding(mesh, P("ep"))
 
@@ -297,8 +300,9 @@ def part_jax(args):
         flush=True,
     )
 
-    # NCCL (XLA's all-to-all) of the same deduplicated rows: a [R * cnt, H] block per rank, chained
-    cnt = max(rows)
+    # NCCL (XLA's all-to-all) of the same deduplicated rows: a fixed-size all-to-all sends every peer
+    # the largest (source, destination) block, cnt rows; [R * cnt, H] per rank, chained
+    cnt = max(peer[s][d] for s in range(r) for d in range(r) if d != s)
 
     def make_a2a(n):
         def body(y):
@@ -383,6 +387,8 @@ def part_mp(args):
             "jax",
             "--nprocs",
             str(args.ranks),
+            "--ranks",
+            str(args.ranks),
             "--port",
             str(port),
             "--transport",
@@ -436,7 +442,7 @@ def report(paths, md):
                 data.update(json.load(f))
     capi, jx, mp = data.get("capi", {}), data.get("jax", {}), data.get("mp", {})
     lines = [
-        "# sluice.ep dispatch / combine, 2 GPUs of one host",
+        f"# sluice.ep dispatch / combine, {jx.get('ranks', capi.get('ranks', '?'))} GPUs of one host",
         "",
         (
             f"Device: {jx.get('device', '?')} x{jx.get('ranks', capi.get('ranks', '?'))}; "
@@ -445,7 +451,7 @@ def report(paths, md):
         "",
         "Workload (DeepEP's): "
         + json.dumps(capi.get("workload", jx.get("workload", {})))
-        + f"; rows crossing to the other rank per rank: {capi.get('crossing_rows', jx.get('crossing_rows'))}",
+        + f"; rows crossing to other ranks, per rank: {capi.get('crossing_rows', jx.get('crossing_rows'))}",
         "",
         "GB/s = bytes of rows that cross to another rank / time, per rank.",
         "",
@@ -481,19 +487,20 @@ def report(paths, md):
         if key + "_us" in jx:
             lines.append(f"| {name} | {jx[key + '_us']:.1f} | {jx[key + '_gbps']:.1f} |")
     for tr, v in mp.items():
+        nproc = v.get("processes", jx.get("ranks", "?"))
         if "error" in v:
-            lines.append(f"| {tr} in 2 processes | failed: {v['error'][:120]} | |")
+            lines.append(f"| {tr} in {nproc} processes | failed: {v['error'][:120]} | |")
             continue
         for key, name in (
             (
                 "sluice_dispatch",
-                f"sluice dispatch in jit, 2 processes, transport {v.get('transport', tr)}",
+                f"sluice dispatch in jit, {nproc} processes, transport {v.get('transport', tr)}",
             ),
             (
                 "sluice_combine",
-                f"sluice combine in jit, 2 processes, transport {v.get('transport', tr)}",
+                f"sluice combine in jit, {nproc} processes, transport {v.get('transport', tr)}",
             ),
-            ("nccl_a2a", "XLA all_to_all (NCCL), 2 processes, same rows"),
+            ("nccl_a2a", f"XLA all_to_all (NCCL), {nproc} processes, same rows"),
         ):
             if key + "_us" in v:
                 lines.append(f"| {name} | {v[key + '_us']:.1f} | {v[key + '_gbps']:.1f} |")

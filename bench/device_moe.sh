@@ -103,10 +103,12 @@ tgs_1gpu() {
   cp "$work/tgs/tgs.md" "$res/tgs.md" 2>/dev/null
 }
 if [ "$ngpu" -ge 2 ]; then
-  log "phase A: bench_moe on GPU 0 while the training step runs on GPU 1"
-  bench_moe_1gpu &
-  tgs_1gpu 1
-  wait
+  if [ "${SKIP_1GPU:-0}" != 1 ]; then # SKIP_1GPU=1: only the phases over several GPUs
+    log "phase A: bench_moe on GPU 0 while the training step runs on GPU 1"
+    bench_moe_1gpu &
+    tgs_1gpu 1
+    wait
+  fi
   log "phase B: bench_moe, EP $ep"
   timeout "${T_EP:-70}" python3 bench/bench_moe.py "${moe_shape[@]}" --ep "$ep" --budget 3 \
     --variants dense-cf1.25,dense-cf2.0,sluice,sluice+a2a,ragged_dot \

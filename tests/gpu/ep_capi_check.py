@@ -75,7 +75,11 @@ def run_case(r, t, h, k, e, mode, num_sms, transport="peer"):
         expect(np.array_equal(rk.counts.get(), np.asarray(ref[4][dv])), f"{tag}: counts[{dv}]")
         expect(np.array_equal(rk.recv_src.get(), np.asarray(ref[5][dv])), f"{tag}: recv_src[{dv}]")
     # combine y = recv_x (bits as they came), with the weight payload y_w = 3 * recv_w
-    yw = [rk.recv_w * 3 for rk in ranks]
+    yw = []
+    for rk in ranks:  # each on its rank's GPU, finished before any rank's combine reads it
+        with cp.cuda.Device(rk.dev):
+            yw.append(rk.recv_w * 3)
+            cp.cuda.Device(rk.dev).synchronize()
     for rk, y_w in zip(ranks, yw):
         rk.combine(comm, d, rk.recv_x, y_w)
     for rk in ranks:
