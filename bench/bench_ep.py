@@ -553,6 +553,16 @@ def main():
             json.dump(out, f, indent=1)
     if args.nprocs > 1:
         sys.stdout.flush()
+        # Every process done before the coordinator (process 0) goes: one that still polls the
+        # coordination service after it went aborts (seen with 4 processes), failing the run.
+        try:
+            from jax._src import distributed
+
+            distributed.global_state.client.wait_at_barrier("bench_ep_exit", 60_000)
+        except Exception as ex:  # noqa: BLE001
+            print("exit barrier:", repr(ex)[:200], flush=True)
+        if args.proc == 0:
+            time.sleep(2)
         os._exit(0)  # past jax.distributed's shutdown barrier: the launcher collects the results
 
 
