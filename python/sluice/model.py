@@ -11,8 +11,8 @@ Presets (``PRESETS``) hold the model and its default training sizes:
 - ``dsv3-proxy``: DeepSeek-V3's MoE shape (256 experts, top-8 of 8 groups limited to 4, sigmoid
   router with aux-loss-free bias, routed scaling 2.5, one shared expert, dense first layer) scaled
   down to fit one H200.
-- ``dsv3-proxy-ep2``: the same model with its experts split over two GPUs (``--ep 2``) and twice the
-  batch.
+- ``dsv3-proxy-ep2``, ``-ep4``, ``-ep8``: the same model with its experts split over 2, 4 or 8 GPUs
+  (``--ep``) and the batch grown with them (16 sequences per GPU).
 """
 
 from __future__ import annotations
@@ -273,4 +273,5 @@ PRESETS: dict[str, dict] = {
         "ep": 1,
     },
 }
-PRESETS["dsv3-proxy-ep2"] = dict(PRESETS["dsv3-proxy"], batch_size=32, ep=2)
+for _r in (2, 4, 8):
+    PRESETS[f"dsv3-proxy-ep{_r}"] = dict(PRESETS["dsv3-proxy"], batch_size=16 * _r, ep=_r)
