@@ -240,7 +240,16 @@ def run(argv=None) -> dict:
         raise SystemExit(f"--batch-size {hp['batch_size']} is not divisible by the {n_dev} devices")
     data = TokenData.load(a.data)
     bsz, seq = hp["batch_size"], hp["seq_len"]
-    val = data.val_batches(a.eval_batches, bsz, seq)
+    val = []
+    if a.eval_every:
+        # as many of --eval-batches as the validation stream holds (a large batch can outgrow it)
+        fit = len(data.val) // (bsz * (seq + 1))
+        if 0 < fit < a.eval_batches:
+            print(
+                f"sluice-train: evaluating on {fit} batches, all the validation stream holds",
+                file=sys.stderr,
+            )
+        val = data.val_batches(min(a.eval_batches, max(fit, 1)), bsz, seq)
 
     model = Transformer(cfg, rngs=nnx.Rngs(a.seed), mesh=mesh)
     moe_path = model.moe_layers()[0].describe() if model.moe_layers() else "no MoE layer"

@@ -177,3 +177,58 @@ def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp):
     plot.main([out, resumed, "--out", png, "--labels", "straight,resumed"])
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_training_fits_evaluation_to_the_validation_stream(tmp_path, capsys):
+    """A batch too large for the validation stream: with --eval-every 0 no validation windows are
+    needed at all; with evaluation on, only as many batches as the stream holds are used."""
+    from sluice import train
+
+    rng = np.random.default_rng(0)
+    corpus = str(tmp_path / "small.npz")
+    np.savez_compressed(
+        corpus,
+        train=rng.integers(0, 256, 20_000).astype(np.int32),
+        val=rng.integers(0, 256, 1_000).astype(np.int32),
+    )
+    common = [
+        "--preset",
+        "tiny",
+        "--moe-impl",
+        "sluice",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--seq-len",
+        "16",
+        "--n-layers",
+        "1",
+        "--devices",
+        "1",
+        "--data",
+        corpus,
+        "--no-progress",
+        "--no-ckpt",
+        "--log-every",
+        "1",
+    ]
+    # 128 windows of 17 tokens: more than the 1,000 validation tokens
+    train.main(common + ["--batch-size", "128", "--eval-every", "0", "--out", str(tmp_path / "a")])
+    assert [r["step"] for r in _records(str(tmp_path / "a"), "train")] == [2]
+    # 8 windows of 17: 7 batches fit of the 8 asked for
+    train.main(
+        common
+        + [
+            "--batch-size",
+            "8",
+            "--eval-every",
+            "2",
+            "--eval-batches",
+            "8",
+            "--out",
+            str(tmp_path / "b"),
+        ]
+    )
+    assert "evaluating on 7 batches" in capsys.readouterr().err
+    assert [r["step"] for r in _records(str(tmp_path / "b"), "eval")] == [2]
