@@ -68,6 +68,11 @@ class MoEConfig:
     capacity_factor: float = 1.25  # dense only
     use_sluice_gmm: bool = True  # sluice only
     use_sluice_dispatch: bool | None = None  # sluice only: None = when sluice.ep exists
+    # sluice.ep only: rows of the expert block per rank, as a multiple of the balanced mean (tokens
+    # x top_k). None: the worst case (every token of every rank for up to min(k, E/R) of this rank's
+    # experts), which grows with the rank count. Copies past the bound are dropped and counted in
+    # stats["dropped"] (sluice-train stops on them): a memory bound, not a capacity to tune.
+    ep_rows_factor: float | None = None
     fsdp: bool = False  # also split the routed experts' weights over the data axis (along d_model)
     dtype: Any = jnp.bfloat16  # compute dtype of the experts
     init_std: float = 0.02
@@ -90,6 +95,8 @@ class MoEConfig:
             raise ValueError("top_k exceeds the experts in topk_groups groups")
         if self.capacity_factor <= 0:
             raise ValueError("capacity_factor must be positive")
+        if self.ep_rows_factor is not None and not self.ep_rows_factor > 0:
+            raise ValueError(f"ep_rows_factor must be positive or None, got {self.ep_rows_factor}")
 
 
 def capacity(seq_len: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
@@ -334,8 +341,24 @@ def _dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
 
     recv = ep.dispatch(x, idx, weights, num_experts=cfg.num_experts, axis_name=ep_axis)
     xs, group_sizes, fan = ep.fan_out(recv)
-    ys = _swiglu_grouped(xs, wi, wo, group_sizes, gmm)
-    return ep.combine(ep.fan_in(ys, fan), recv.handle).astype(jnp.float32)
+    m = xs.shape[0]
+    rows = m
+    if cfg.ep_rows_factor is not None:
+        # balanced mean: every rank sends and receives tokens x k copies (rounded up to 16 rows)
+        mean = x.shape[0] * idx.shape[1]
+        rows = min(m, -(-math.ceil(cfg.ep_rows_factor * mean) // 16) * 16)
+    if rows < m:
+        # the expert block over the first `rows` rows (groups cut at the bound), zeros past it:
+        # xs, the hidden activations and their saved residuals are `rows` long instead of m
+        ends = jnp.minimum(jnp.cumsum(group_sizes), rows)
+        kept = jnp.diff(ends, prepend=0).astype(group_sizes.dtype)
+        ys = _swiglu_grouped(xs[:rows], wi, wo, kept, gmm)
+        ys = jnp.pad(ys, ((0, m - rows), (0, 0)))
+        dropped = (jnp.sum(group_sizes) - jnp.sum(kept)).astype(jnp.float32)
+    else:
+        ys = _swiglu_grouped(xs, wi, wo, group_sizes, gmm)
+        dropped = jnp.zeros((), jnp.float32)
+    return ep.combine(ep.fan_in(ys, fan), recv.handle).astype(jnp.float32), dropped
 
 
 _EP_READY: set = set()
@@ -416,7 +439,7 @@ def moe_block(
         if ep_axis is None:
             y = _dropless_local(cfg, xt, idx, weights, wi, wo, gmm)
         elif sluice_dispatch:
-            y = _dropless_sluice_ep(cfg, xt, idx, weights, wi, wo, gmm, ep_axis)
+            y, dropped = _dropless_sluice_ep(cfg, xt, idx, weights, wi, wo, gmm, ep_axis)
         else:
             y = _dropless_ragged_a2a(cfg, xt, idx, weights, wi, wo, gmm, ep_axis, emulate_a2a)
 

@@ -66,6 +66,13 @@ def parse_args(argv=None):
     p.add_argument("--moe-impl", default="ragged_dot", choices=IMPLS)
     p.add_argument("--capacity-factor", type=float, default=1.25, help="dense path only")
     p.add_argument(
+        "--ep-rows-factor",
+        type=float,
+        help="sluice path over sluice.ep: bound the expert block's rows per rank to this multiple "
+        "of the balanced mean (default: the worst case, which grows with --ep); a step that would "
+        "drop a copy past the bound stops the run",
+    )
+    p.add_argument(
         "--sluice-dispatch",
         choices=("auto", "on", "off"),
         default="auto",
@@ -123,6 +130,7 @@ def build_config(a) -> tuple[ModelConfig, dict]:
         use_sluice_gmm=not a.no_sluice_gmm,
         use_sluice_dispatch=dispatch,
         fsdp=a.fsdp,
+        ep_rows_factor=a.ep_rows_factor,
     )
     cfg = dataclasses.replace(cfg, moe=moe)
     if a.n_layers:
@@ -353,10 +361,16 @@ def run(argv=None) -> dict:
         bar = tqdm(total=hp["steps"], initial=start, dynamic_ncols=True, desc=run_name(a))
     ckpt_every = a.ckpt_every if a.ckpt_every is not None else a.eval_every
     step, val_loss = start, None
+    # the sluice path drops only past --ep-rows-factor's bound: any step that did stops the run
+    strict = a.moe_impl == "sluice"
+    worst = jnp.zeros(
+        (), jnp.float32
+    )  # the largest dropped fraction since the last log (on device)
     # The first step compiles: timed apart, never counted in TGS.
     if step < hp["steps"]:
         t0 = time.perf_counter()
         m = jax.device_get(step_once(step))
+        worst = jnp.maximum(worst, m["dropped"]) if strict else worst
         compile_s = time.perf_counter() - t0
         step += 1
         emit({"kind": "compile", "step": step, "seconds": compile_s, "loss": float(m["loss"])})
@@ -365,12 +379,20 @@ def run(argv=None) -> dict:
     window_start, window_steps = time.perf_counter(), 0
     while step < hp["steps"]:
         m = step_once(step)
+        if strict:
+            worst = jnp.maximum(worst, m["dropped"])
         step += 1
         window_steps += 1
         do_eval = a.eval_every and (step % a.eval_every == 0 or step == hp["steps"])
         do_ckpt = ckpt and (step == hp["steps"] or (ckpt_every and step % ckpt_every == 0))
         if step % a.log_every == 0 or step == hp["steps"] or do_eval or do_ckpt:
-            m = jax.device_get(m)  # the only host sync of the loop
+            m, worst_seen = jax.device_get((m, worst))  # the only host sync of the loop
+            if strict and worst_seen > 0:
+                raise SystemExit(
+                    f"sluice-train: a step before {step} dropped {worst_seen:.2%} of the token "
+                    f"copies past --ep-rows-factor {a.ep_rows_factor}'s bound; raise it (or leave "
+                    "it out: no bound)"
+                )
             dt = time.perf_counter() - window_start
             train_time += dt
             tokens = window_steps * bsz * seq

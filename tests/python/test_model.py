@@ -232,3 +232,52 @@ def test_training_fits_evaluation_to_the_validation_stream(tmp_path, capsys):
     )
     assert "evaluating on 7 batches" in capsys.readouterr().err
     assert [r["step"] for r in _records(str(tmp_path / "b"), "eval")] == [2]
+
+
+def test_training_stops_when_the_ep_rows_bound_drops(tmp_path):
+    """sluice path over sluice.ep with a bound below the routing: the run stops with the reason
+    instead of training on dropped copies."""
+    from sluice import moe, train
+
+    if len(jax.devices()) < 2 or not moe.sluice_ep_available():
+        pytest.skip("needs 2 devices and sluice.ep")
+    rng = np.random.default_rng(0)
+    corpus = str(tmp_path / "small.npz")
+    np.savez_compressed(
+        corpus,
+        train=rng.integers(0, 256, 20_000).astype(np.int32),
+        val=rng.integers(0, 256, 2_000).astype(np.int32),
+    )
+    argv = [
+        "--preset",
+        "tiny",
+        "--moe-impl",
+        "sluice",
+        "--sluice-dispatch",
+        "on",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+        "--n-layers",
+        "2",
+        "--devices",
+        "2",
+        "--ep",
+        "2",
+        "--data",
+        corpus,
+        "--no-progress",
+        "--no-ckpt",
+        "--eval-every",
+        "0",
+        "--log-every",
+        "1",
+    ]
+    train.main(argv + ["--ep-rows-factor", "2.0", "--out", str(tmp_path / "fits")])
+    with pytest.raises(SystemExit, match="ep-rows-factor"):
+        train.main(argv + ["--ep-rows-factor", "0.05", "--out", str(tmp_path / "drops")])

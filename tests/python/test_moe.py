@@ -230,3 +230,26 @@ def test_bad_config_is_a_clear_error():
             rngs=nnx.Rngs(0),
             mesh=_mesh(1, 3) if len(jax.devices()) >= 3 else pytest.skip(),
         )
+
+
+def test_ep_rows_bound_is_exact_within_it_and_counts_what_it_drops():
+    """sluice.ep path with ep_rows_factor: a bound the routing fits in changes nothing (values,
+    gradients); a bound below the routing drops copies and says how many, with finite outputs."""
+    if not moe.sluice_ep_available():
+        pytest.skip("sluice.ep not built")
+    x = _x()
+    base = dataclasses.replace(SIGMOID, impl="sluice", use_sluice_dispatch=True)
+    mesh = _mesh(1, 4)
+    ref = _run(base, x, mesh=mesh)
+    # 16 tokens x k=3 per rank: mean 48 rows, the unbounded block holds 64 x min(3, 2) = 128
+    y, stats, grads = _run(dataclasses.replace(base, ep_rows_factor=1.5), x, mesh=mesh)
+    assert float(stats["dropped"]) == 0.0
+    _close(y, ref[0], atol=0.0)
+    _close(grads, ref[2], atol=0.0)
+    y, stats, _ = _run(dataclasses.replace(base, ep_rows_factor=0.3), x, mesh=mesh)
+    load = float(np.sum(stats["load"]))
+    # 16 rows kept per rank of the ~48 each receives
+    assert 0.5 < float(stats["dropped"]) <= 1.0 - 4 * 16 / load + 1e-6
+    assert np.isfinite(np.asarray(y)).all()
+    with pytest.raises(ValueError, match="ep_rows_factor"):
+        dataclasses.replace(base, ep_rows_factor=0.0)
