@@ -292,9 +292,11 @@ sl_status sl_ep_redispatch_cuda(int64_t comm_id, const sl_ep_desc *desc, const v
                                 const int32_t *recv_src, void *out, void *stream);
 
 /* fan_out (local): rows of recv_x [N, H] into expert-sorted order for gmm. xs [M, H] with
- * M = N * min(k, L): the (row, slot) pairs with recv_idx[row, slot] = e >= 0, grouped by e, within a
- * group by (row, slot); rows past the pairs are zero. group_sizes [L]; pos [N, k] the row of xs of each
- * pair (-1 where recv_idx is -1). A counting sort: no comparison sort.
+ * M = N * min(k, L), or max_rows where that is smaller (> 0): the (row, slot) pairs with
+ * recv_idx[row, slot] = e >= 0, grouped by e, within a group by (row, slot); rows past the pairs are
+ * zero. Pairs that would land at row M or later are left out (pos -1, not in group_sizes): the caller
+ * counts them as the valid ids minus sum(group_sizes). group_sizes [L]; pos [N, k] the row of xs of
+ * each pair (-1 where recv_idx is -1). A counting sort: no comparison sort.
  * fan_in (local): out[i] = sum over slots j = 0..k-1 with pos[i,j] >= 0 of w[i,j] * ys[pos[i,j]], in
  * f32 in slot order, rounded once to out's dtype. fan_in_bwd: dys[pos[i,j]] = w[i,j] * dout[i] (rows
  * past sum(group_sizes), fan_out's, are zero), dw[i,j] = <dout[i], ys[pos[i,j]]> in f32 (0 where pos
@@ -310,10 +312,11 @@ typedef struct sl_ep_fan_desc {
   int64_t num_local_experts; /* L >= 1 */
   sl_dtype x_dtype;
   sl_dtype out_dtype;
+  int64_t max_rows; /* 0: M = N * min(k, L); else M = min(that, max_rows) */
 } sl_ep_fan_desc;
 
 sl_ep_fan_desc sl_ep_fan_desc_default(void);
-int64_t sl_ep_fan_rows(const sl_ep_fan_desc *desc); /* M = N * min(k, L) */
+int64_t sl_ep_fan_rows(const sl_ep_fan_desc *desc); /* M (above) */
 /* Device scratch of sl_ep_fan_out_cuda in bytes (O(N*k/1024 * L)); the CPU call needs none. */
 size_t sl_ep_fan_workspace_size(const sl_ep_fan_desc *desc);
 

@@ -377,7 +377,8 @@ sl_ep_fan_desc sl_ep_fan_desc_default(void) {
 
 int64_t sl_ep_fan_rows(const sl_ep_fan_desc *d) {
   const int64_t m = d->topk < d->num_local_experts ? d->topk : d->num_local_experts;
-  return d->num_rows * m;
+  const int64_t worst = d->num_rows * m;
+  return d->max_rows > 0 && d->max_rows < worst ? d->max_rows : worst;
 }
 
 size_t sl_ep_fan_workspace_size(const sl_ep_fan_desc *d) {
@@ -392,13 +393,14 @@ static sl_status check_fan(const sl_ep_fan_desc *d, const char *op) {
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "ep %s: desc->struct_size is %zu, expected %zu (set it with sizeof)", op,
                         d->struct_size, sizeof(sl_ep_fan_desc));
-  if (d->num_rows < 0 || d->hidden < 0 || d->topk < 1 || d->num_local_experts < 1)
+  if (d->num_rows < 0 || d->hidden < 0 || d->topk < 1 || d->num_local_experts < 1 ||
+      d->max_rows < 0)
     return sl_set_error(
         SL_STATUS_INVALID_ARGUMENT,
-        "ep %s: need num_rows >= 0, hidden >= 0, topk >= 1, num_local_experts >= 1; "
-        "got N=%lld H=%lld k=%lld L=%lld",
+        "ep %s: need num_rows >= 0, hidden >= 0, topk >= 1, num_local_experts >= 1, "
+        "max_rows >= 0; got N=%lld H=%lld k=%lld L=%lld max_rows=%lld",
         op, (long long)d->num_rows, (long long)d->hidden, (long long)d->topk,
-        (long long)d->num_local_experts);
+        (long long)d->num_local_experts, (long long)d->max_rows);
   if (!is_float_dtype(d->x_dtype) || !is_float_dtype(d->out_dtype))
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "ep %s: rows must be f32, bf16 or f16", op);
   if (sl_ep_fan_rows(d) > INT32_MAX)
@@ -425,6 +427,9 @@ sl_status sl_ep_fan_out_cpu(const sl_ep_fan_desc *d, const void *recv_x, const i
   for (int64_t e = 0; e < L; ++e) {
     start[e] = total;
     total += group_sizes[e];
+    /* the pairs of e that land below M (all of them unless max_rows cuts) */
+    const int64_t lo = start[e] < M ? start[e] : M, hi = total < M ? total : M;
+    group_sizes[e] = (int32_t)(hi - lo);
   }
   for (int64_t i = 0; i < N; ++i)
     for (int64_t j = 0; j < k; ++j) {
@@ -434,6 +439,10 @@ sl_status sl_ep_fan_out_cpu(const sl_ep_fan_desc *d, const void *recv_x, const i
         continue;
       }
       const int64_t p = start[e]++;
+      if (p >= M) { /* past max_rows: left out */
+        pos[i * k + j] = -1;
+        continue;
+      }
       pos[i * k + j] = (int32_t)p;
       memcpy((char *)xs + p * row_bytes, (const char *)recv_x + i * row_bytes, row_bytes);
     }

@@ -157,6 +157,9 @@ __global__ void __launch_bounds__(1024) fan_scan_kernel(FanArgs a) {
     for (int64_t e = 0; e < a.L; ++e) {
       start[e] = run;
       run += a.group_sizes[e];
+      /* the pairs of e that land below M (all of them unless max_rows cuts) */
+      const int64_t lo = min((int64_t)start[e], a.M), hi = min((int64_t)run, a.M);
+      a.group_sizes[e] = (int)(hi - lo);
     }
     start[a.L] = run; /* total */
   }
@@ -173,6 +176,7 @@ __global__ void __launch_bounds__(1024) fan_place_kernel(FanArgs a) {
   if (mine) {
     const int e = slot_expert(a, row, j, nullptr);
     if (e >= 0) p = a.ws[c * a.L + e] + a.pos[row * a.k + j];
+    if (p >= a.M) p = -1; /* past max_rows: left out */
     a.pos[row * a.k + j] = p;
   }
   prow[tid] = p;

@@ -205,9 +205,10 @@ static XLA_FFI_Error *redispatch(XLA_FFI_CallFrame *f, int on_cuda) {
 static XLA_FFI_Error *fan_attrs(ctx c, sl_ep_fan_desc *d) {
   *d = sl_ep_fan_desc_default();
   TRY(sl_ffi_int_attr(c.f, c.op, "num_local_experts", &d->num_local_experts));
-  if (d->num_local_experts < 1)
+  TRY(sl_ffi_int_attr(c.f, c.op, "max_rows", &d->max_rows));
+  if (d->num_local_experts < 1 || d->max_rows < 0)
     return sl_ffi_error(c.f, XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                        "sluice ep %s: num_local_experts must be >= 1", c.op);
+                        "sluice ep %s: need num_local_experts >= 1 and max_rows >= 0", c.op);
   return NULL;
 }
 

@@ -189,6 +189,7 @@ class _FanDesc(ctypes.Structure):
         ("num_local_experts", ctypes.c_int64),
         ("x_dtype", ctypes.c_int),
         ("out_dtype", ctypes.c_int),
+        ("max_rows", ctypes.c_int64),
     ]
 
 
@@ -526,7 +527,7 @@ class Dispatched(NamedTuple):
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=["pos", "weights", "group_sizes"],
-    meta_fields=["num_local_experts"],
+    meta_fields=["num_local_experts", "max_rows"],
 )
 @dataclasses.dataclass(frozen=True)
 class Fan:
@@ -537,6 +538,7 @@ class Fan:
     weights: jax.Array
     group_sizes: jax.Array
     num_local_experts: int
+    max_rows: int = 0  # fan_out's bound on M (0: none)
 
 
 # ---- raw FFI calls -------------------------------------------------------------------------------
@@ -613,25 +615,27 @@ def _redispatch_call(g, recv_src, where, cfg):
     return call(g, recv_src, where, **_exchange_attrs(cfg))[0]
 
 
-def _fan_rows(n, k, l):
-    return n * min(k, l)
+def _fan_rows(n, k, l, max_rows=0):
+    """M: the rows of fan_out's output, N * min(k, L) or max_rows where that is smaller (> 0)."""
+    worst = n * min(k, l)
+    return min(worst, max_rows) if max_rows > 0 else worst
 
 
-def _fan_out_call(x, idx, l):
+def _fan_out_call(x, idx, l, max_rows):
     n, h = x.shape
     k = idx.shape[1]
     v = _vary_kw(x, idx)
     call = jax.ffi.ffi_call(
         "sluice_ep_fan_out",
         (
-            _sds((_fan_rows(n, k, l), h), x.dtype, v),
+            _sds((_fan_rows(n, k, l, max_rows), h), x.dtype, v),
             _sds((l,), jnp.int32, v),
             _sds((n, k), jnp.int32, v),
             _sds((_fan_workspace_bytes(n, h, k, l),), jnp.uint8, v),
         ),
         vmap_method="sequential",
     )
-    return call(x, idx, num_local_experts=np.int64(l))[:3]
+    return call(x, idx, num_local_experts=np.int64(l), max_rows=np.int64(max_rows))[:3]
 
 
 def _fan_in_call(ys, w, pos, l, out_dtype):
@@ -641,7 +645,8 @@ def _fan_in_call(ys, w, pos, l, out_dtype):
         (_sds((n, ys.shape[1]), out_dtype, _vary_kw(ys, w, pos)),),
         vmap_method="sequential",
     )
-    return call(ys, w, pos, num_local_experts=np.int64(l))[0]
+    # ys holds fan_out's M rows: M passes as max_rows (the handler checks it against N, k and L)
+    return call(ys, w, pos, num_local_experts=np.int64(l), max_rows=np.int64(ys.shape[0]))[0]
 
 
 def _fan_in_bwd_call(dout, ys, w, pos, group_sizes, l):
@@ -651,7 +656,15 @@ def _fan_in_bwd_call(dout, ys, w, pos, group_sizes, l):
         (_sds(ys.shape, ys.dtype, v), _sds(w.shape, jnp.float32, v)),
         vmap_method="sequential",
     )
-    return call(dout, ys, w, pos, group_sizes, num_local_experts=np.int64(l))
+    return call(
+        dout,
+        ys,
+        w,
+        pos,
+        group_sizes,
+        num_local_experts=np.int64(l),
+        max_rows=np.int64(ys.shape[0]),
+    )
 
 
 # ---- dispatch with its VJP -----------------------------------------------------------------------
@@ -762,17 +775,17 @@ def combine(y, handle: Handle):
 
 
 # ---- fan_out / fan_in with their VJPs ------------------------------------------------------------
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _fan_out(x, idx, l):
-    return tuple(_fan_out_call(x, idx, l))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _fan_out(x, idx, l, max_rows):
+    return tuple(_fan_out_call(x, idx, l, max_rows))
 
 
-def _fan_out_fwd(x, idx, l):
-    xs, gs, pos = _fan_out_call(x, idx, l)
+def _fan_out_fwd(x, idx, l, max_rows):
+    xs, gs, pos = _fan_out_call(x, idx, l, max_rows)
     return (xs, gs, pos), (pos, x[:0])
 
 
-def _fan_out_bwd(l, res, cts):
+def _fan_out_bwd(l, max_rows, res, cts):
     pos, x = res
     dxs = cts[0]  # xs has x's dtype, so does its cotangent
     # Each row of x was copied to the rows pos[i, :] of xs: its gradient is their sum (fan_in with 1s).
@@ -783,7 +796,12 @@ def _fan_out_bwd(l, res, cts):
 _fan_out.defvjp(_fan_out_fwd, _fan_out_bwd)
 
 
-def _fan_out_checked(op, x, idx, weights, l):
+def _fan_out_checked(op, x, idx, weights, l, max_rows):
+    if max_rows is None:
+        max_rows = 0
+    elif not isinstance(max_rows, (int, np.integer)) or max_rows < 1:
+        raise ValueError(f"sluice.ep.{op}: max_rows must be an int >= 1 or None, got {max_rows!r}")
+    max_rows = int(max_rows)
     x, idx = jnp.asarray(x), jnp.asarray(idx)
     if x.ndim != 2 or idx.ndim != 2 or idx.shape[0] != x.shape[0]:
         raise ValueError(
@@ -797,14 +815,16 @@ def _fan_out_checked(op, x, idx, weights, l):
             f"sluice.ep.{op}: topk_weights must have topk_idx's shape {idx.shape}, got "
             f"{jnp.shape(weights)}"
         )
-    xs, gs, pos = _fan_out(x, idx, l)
-    return xs, gs, Fan(pos, jnp.asarray(weights, jnp.float32), gs, l)
+    xs, gs, pos = _fan_out(x, idx, l, max_rows)
+    return xs, gs, Fan(pos, jnp.asarray(weights, jnp.float32), gs, l, max_rows)
 
 
-def fan_out(recv: Dispatched):
-    """Expert-sorted rows for gmm: (xs [M, H], group_sizes int32 [L], fan). See the module docstring."""
+def fan_out(recv: Dispatched, *, max_rows: int | None = None):
+    """Expert-sorted rows for gmm: (xs [M, H], group_sizes int32 [L], fan). See the module docstring.
+    max_rows bounds M (default: the worst case N*min(k, L)); the (row, slot) pairs past it are left
+    out (pos -1, not in group_sizes): their count is sum(topk_idx >= 0) - sum(group_sizes)."""
     return _fan_out_checked(
-        "fan_out", recv.x, recv.topk_idx, recv.topk_weights, int(recv.counts.shape[0])
+        "fan_out", recv.x, recv.topk_idx, recv.topk_weights, int(recv.counts.shape[0]), max_rows
     )
 
 
@@ -817,7 +837,7 @@ def fan_out_tokens(x, topk_idx, topk_weights, *, num_experts: int):
         raise ValueError(
             f"sluice.ep.fan_out_tokens: num_experts must be an int >= 1, got {num_experts!r}"
         )
-    return _fan_out_checked("fan_out_tokens", x, topk_idx, topk_weights, num_experts)
+    return _fan_out_checked("fan_out_tokens", x, topk_idx, topk_weights, num_experts, None)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
@@ -844,7 +864,7 @@ def fan_in(ys, fan: Fan, *, out_dtype=None):
     if not isinstance(fan, Fan):
         raise TypeError(f"sluice.ep.fan_in: fan must come from fan_out, got {type(fan)}")
     n, k = fan.pos.shape
-    m = _fan_rows(n, k, fan.num_local_experts)
+    m = _fan_rows(n, k, fan.num_local_experts, fan.max_rows)
     if ys.ndim != 2 or ys.shape[0] != m:
         raise ValueError(
             f"sluice.ep.fan_in: ys must be [M, H] with M = {m} (fan_out's rows), got "
@@ -910,17 +930,20 @@ def combine_reference(y, recv_src, num_tokens):
     return acc.reshape(r, num_tokens, h).astype(y.dtype)
 
 
-def fan_out_reference(x, topk_idx, num_local_experts):
+def fan_out_reference(x, topk_idx, num_local_experts, max_rows=0):
     """fan_out on one rank: (xs [M, H], group_sizes [L], pos [N, k])."""
     n, k = topk_idx.shape
     l = num_local_experts
-    m = _fan_rows(n, k, l)
+    m = _fan_rows(n, k, l, max_rows)
     flat = topk_idx.reshape(-1)
     onehot = jax.nn.one_hot(flat, l, dtype=jnp.int32)  # -1 -> zeros
     sizes = jnp.sum(onehot, axis=0)
     starts = jnp.cumsum(sizes) - sizes
     rank_in_group = jnp.sum((jnp.cumsum(onehot, axis=0) - onehot) * onehot, axis=1)
     pos = jnp.where(flat >= 0, starts[jnp.maximum(flat, 0)] + rank_in_group, -1)
+    pos = jnp.where(pos < m, pos, -1)  # past max_rows: left out
+    ends = jnp.cumsum(sizes)
+    sizes = jnp.minimum(ends, m) - jnp.minimum(ends - sizes, m)
     src_rows = jnp.repeat(jnp.arange(n), k)
     xs = (
         jnp.zeros((m, x.shape[1]), x.dtype)

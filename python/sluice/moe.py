@@ -340,24 +340,15 @@ def _dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
     from sluice import ep
 
     recv = ep.dispatch(x, idx, weights, num_experts=cfg.num_experts, axis_name=ep_axis)
-    xs, group_sizes, fan = ep.fan_out(recv)
-    m = xs.shape[0]
-    rows = m
+    rows = None
     if cfg.ep_rows_factor is not None:
         # balanced mean: every rank sends and receives tokens x k copies (rounded up to 16 rows)
-        mean = x.shape[0] * idx.shape[1]
-        rows = min(m, -(-math.ceil(cfg.ep_rows_factor * mean) // 16) * 16)
-    if rows < m:
-        # the expert block over the first `rows` rows (groups cut at the bound), zeros past it:
-        # xs, the hidden activations and their saved residuals are `rows` long instead of m
-        ends = jnp.minimum(jnp.cumsum(group_sizes), rows)
-        kept = jnp.diff(ends, prepend=0).astype(group_sizes.dtype)
-        ys = _swiglu_grouped(xs[:rows], wi, wo, kept, gmm)
-        ys = jnp.pad(ys, ((0, m - rows), (0, 0)))
-        dropped = (jnp.sum(group_sizes) - jnp.sum(kept)).astype(jnp.float32)
-    else:
-        ys = _swiglu_grouped(xs, wi, wo, group_sizes, gmm)
-        dropped = jnp.zeros((), jnp.float32)
+        rows = -(-math.ceil(cfg.ep_rows_factor * x.shape[0] * idx.shape[1]) // 16) * 16
+    # fan_out leaves out the copies past `rows` (the expert block, its activations and residuals
+    # are `rows` long); they are counted as dropped
+    xs, group_sizes, fan = ep.fan_out(recv, max_rows=rows)
+    ys = _swiglu_grouped(xs, wi, wo, group_sizes, gmm)
+    dropped = (jnp.sum(recv.topk_idx >= 0) - jnp.sum(group_sizes)).astype(jnp.float32)
     return ep.combine(ep.fan_in(ys, fan), recv.handle).astype(jnp.float32), dropped
 
 

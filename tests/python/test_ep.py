@@ -202,8 +202,10 @@ def test_pipeline_bf16_and_determinism():
     assert rel_err(out.astype(jnp.float32), want) < 2e-2
 
 
-def test_fan_ops_vs_reference_and_grads():
-    """fan_out / fan_in alone (no exchange): values, and VJPs against autodiff of the references."""
+@pytest.mark.parametrize("max_rows", [None, 17, 1000], ids=["worst", "cut", "above"])
+def test_fan_ops_vs_reference_and_grads(max_rows):
+    """fan_out / fan_in alone (no exchange): values, and VJPs against autodiff of the references;
+    with max_rows, the pairs past the bound are left out and counted."""
     nrows, h, k, l = 23, 8, 3, 5
     x = jnp.asarray(RNG.standard_normal((nrows, h)), jnp.float32)
     idx = np.full((nrows, k), -1, np.int32)
@@ -216,8 +218,13 @@ def test_fan_ops_vs_reference_and_grads():
     idx = jnp.asarray(idx)
     w = jnp.asarray(RNG.random((nrows, k)), jnp.float32)
     recv = ep.Dispatched(x, idx, w, jnp.int32(nrows), jnp.zeros((l,), jnp.int32), None)
-    xs, gs, fan = jax.jit(ep.fan_out)(recv)
-    rxs, rgs, rpos = ep.fan_out_reference(x, idx, l)
+    xs, gs, fan = jax.jit(functools.partial(ep.fan_out, max_rows=max_rows))(recv)
+    rxs, rgs, rpos = ep.fan_out_reference(x, idx, l, max_rows or 0)
+    pairs = int(jnp.sum(idx >= 0))
+    assert xs.shape[0] == min(nrows * min(k, l), max_rows or 10**9)
+    assert pairs - int(jnp.sum(gs)) == max(0, pairs - xs.shape[0])
+    if max_rows == 17:
+        assert pairs > 17 and int(jnp.sum(fan.pos >= 0)) == 17
     np.testing.assert_array_equal(np.asarray(xs), np.asarray(rxs))
     np.testing.assert_array_equal(np.asarray(gs), np.asarray(rgs))
     np.testing.assert_array_equal(np.asarray(fan.pos), np.asarray(rpos))
@@ -233,11 +240,11 @@ def test_fan_ops_vs_reference_and_grads():
 
     def mine(x, w, ys):
         r = ep.Dispatched(x, idx, w, jnp.int32(nrows), jnp.zeros((l,), jnp.int32), None)
-        xs, _, fan = ep.fan_out(r)
+        xs, _, fan = ep.fan_out(r, max_rows=max_rows)
         return jnp.sum(ep.fan_in(ys + xs * xs, fan) * cot)
 
     def ref(x, w, ys):
-        xs, _, pos = ep.fan_out_reference(x, idx, l)
+        xs, _, pos = ep.fan_out_reference(x, idx, l, max_rows or 0)
         return jnp.sum(ep.fan_in_reference(ys + xs * xs, w, pos) * cot)
 
     g = jax.jit(jax.grad(mine, argnums=(0, 1, 2)))(x, w, ys)
@@ -424,3 +431,12 @@ def test_pipeline_gradients_with_vma_checks():
     )(x, w, wexp)
     for name, a, b in zip(("x", "topk_weights", "experts"), g, gr):
         assert rel_err(a, b) < 1e-5, name
+
+
+def test_fan_out_max_rows_must_be_positive():
+    x = jnp.zeros((4, 8), jnp.float32)
+    idx = jnp.zeros((4, 2), jnp.int32).at[:, 1].set(1)
+    recv = ep.Dispatched(x, idx, jnp.ones((4, 2)), jnp.int32(4), jnp.zeros((2,), jnp.int32), None)
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ValueError, match="fan_out: max_rows must be an int >= 1"):
+            ep.fan_out(recv, max_rows=bad)
