@@ -61,11 +61,14 @@ API
       y [N, H'] (one row per received row, any float dtype). Each row goes back to its source token;
       a token's rows are summed over ranks in fixed rank order in float32 and rounded once to y.dtype:
       bitwise deterministic. Tokens sent nowhere get zeros. Backward: a dispatch reusing the handle.
-  fan_out(recv) -> (xs [M, H], group_sizes int32 [L], fan)
+  fan_out(recv, *, max_rows=None) -> (xs [M, H], group_sizes int32 [L], fan)
       Local: each (row, slot) with a local expert becomes one row of xs, grouped by local expert (a row
-      going to 2 local experts appears twice), within a group in (row, slot) order; M = N*min(k, L);
-      rows past sum(group_sizes) are zero. A counting sort in C/CUDA (no argsort). Feed xs and
-      group_sizes to sluice.gmm with rhs [L, ...]. Differentiable in recv.x.
+      going to 2 local experts appears twice), within a group in (row, slot) order; M = N*min(k, L),
+      the worst case (it grows with the rank count), or max_rows where smaller: the pairs that would
+      land past it are left out (fan.pos -1, not in group_sizes; their count is
+      sum(recv.topk_idx >= 0) - sum(group_sizes)). Rows past sum(group_sizes) are zero. A counting
+      sort in C/CUDA (no argsort). Feed xs and group_sizes to sluice.gmm with rhs [L, ...].
+      Differentiable in recv.x.
   fan_out_tokens(x, topk_idx, topk_weights, *, num_experts) -> (xs, group_sizes, fan)
       fan_out for tokens that stay on their device (all E experts local, no dispatch): the one-device
       MoE path.
