@@ -429,8 +429,12 @@ static void test_fan(void) {
     d.hidden = rand_int(1, 9);
     d.topk = rand_int(1, 6);
     d.num_local_experts = rand_int(1, 7);
+    /* every other case bounds the rows (max_rows): pairs past it are left out */
+    const int64_t worst = d.num_rows * (d.topk < d.num_local_experts ? d.topk : d.num_local_experts);
+    if (it % 2 && worst > 0) d.max_rows = rand_int(1, (int)worst);
     const int64_t N = d.num_rows, H = d.hidden, k = d.topk, L = d.num_local_experts,
                   M = sl_ep_fan_rows(&d);
+    CHECK(M == (d.max_rows > 0 && d.max_rows < worst ? d.max_rows : worst), "fan rows");
     int32_t *idx = malloc(sizeof(int32_t) * (size_t)(N * k + 1));
     make_routing(idx, N, k, L, L, 0);
     float *x = malloc(sizeof(float) * (size_t)(N * H + 1)),
@@ -442,19 +446,25 @@ static void test_fan(void) {
             *pos = poisoned(sizeof(int32_t) * (size_t)(N * k));
     CHECK(sl_ep_fan_out_cpu(&d, x, idx, xs, gs, pos) == SL_STATUS_SUCCESS, "fan_out: %s",
           sl_last_error());
-    /* Model: groups in expert order, within a group (row, slot) order. */
+    /* Model: groups in expert order, within a group (row, slot) order; rows from M on left out. */
     int64_t p = 0;
     for (int64_t e = 0; e < L; ++e) {
       int64_t n = 0;
       for (int64_t i = 0; i < N; ++i)
         for (int64_t j = 0; j < k; ++j)
           if (idx[i * k + j] == e) {
-            CHECK(pos[i * k + j] == p, "fan_out pos");
-            CHECK(memcmp(&xs[p * H], &x[i * H], sizeof(float) * (size_t)H) == 0, "fan_out row");
-            ++p, ++n;
+            if (p < M) {
+              CHECK(pos[i * k + j] == p, "fan_out pos");
+              CHECK(memcmp(&xs[p * H], &x[i * H], sizeof(float) * (size_t)H) == 0, "fan_out row");
+              ++n;
+            } else {
+              CHECK(pos[i * k + j] == -1, "fan_out pos past max_rows");
+            }
+            ++p;
           }
       CHECK(gs[e] == n, "group_sizes[%lld]", (long long)e);
     }
+    if (p > M) p = M; /* the rows filled */
     for (int64_t i = 0; i < N * k; ++i)
       if (idx[i] < 0) CHECK(pos[i] == -1, "pos of a masked slot");
     for (int64_t i = p * H; i < M * H; ++i) CHECK(xs[i] == 0.0f, "fan_out padding");
