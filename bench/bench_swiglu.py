@@ -13,7 +13,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 import sluice
 
 SHAPES = {  # name: (M rows, G experts, H hidden, F expert ffn)
@@ -77,7 +76,7 @@ def main():
             try:
                 t_r = timeit(rd_f, a, max(3, args.reps // 3))
                 ga, gb = gs_f(*a), rd_f(*a)
-                err = max(float(jnp.linalg.norm((u.astype(jnp.float32) - v.astype(jnp.float32)))
+                err = max(float(jnp.linalg.norm(u.astype(jnp.float32) - v.astype(jnp.float32))
                                 / jnp.linalg.norm(v.astype(jnp.float32))) for u, v in zip(ga, gb))
                 case.update(ragged_ms=t_r * 1e3, ragged_tflops=flops / t_r / 1e12,
                             speedup=t_r / t_s, grad_rel_err=err)
