@@ -50,10 +50,10 @@ def routing(r, t, k, e, seed=0):
     return np.argsort(-scores, axis=-1)[..., :k].astype(np.int32)
 
 
-def crossing_rows(idx, r, e, per_peer=False):
+def crossing_rows(idx, r, e):
     """rows[s] = tokens of rank s sent to other ranks (deduplicated), pairs[s] = (token, expert) pairs
-    of rank s whose expert is on another rank; with per_peer, also peer[s][d] = tokens of rank s sent
-    to rank d (deduplicated)."""
+    of rank s whose expert is on another rank, peer[s][d] = tokens of rank s sent to rank d
+    (deduplicated)."""
     l = e // r
     owner = idx // l
     rows, pairs, peer = [], [], []
@@ -65,7 +65,7 @@ def crossing_rows(idx, r, e, per_peer=False):
         rows.append(int(goes.sum() - goes[:, s].sum()))
         pairs.append(int(((owner[s] != s) & (idx[s] >= 0)).sum()))
         peer.append([int(c) for c in goes.sum(axis=0)])
-    return (rows, pairs, peer) if per_peer else (rows, pairs)
+    return rows, pairs, peer
 
 
 # ---- sluice through the C API, timed with CUDA events ------------------------------------------------
@@ -81,7 +81,7 @@ def part_capi(args):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((r, t, h)).astype(ml_dtypes.bfloat16)
     w = rng.random((r, t, k)).astype(np.float32)
-    rows, _ = crossing_rows(idx, r, e)
+    rows, _, _ = crossing_rows(idx, r, e)
     row_bytes = h * 2
     res = {"workload": wl, "ranks": r, "crossing_rows": rows, "sms": {}}
     d = C.ep_desc(t, h, k, e, r)
@@ -230,7 +230,7 @@ def part_jax(args):
     )
     transport = ep._COMMS["ep"][-1].transport
     idx = routing(r, t, k, e)
-    rows, pairs, peer = crossing_rows(idx, r, e, per_peer=True)
+    rows, pairs, peer = crossing_rows(idx, r, e)
     rng = np.random.default_rng(1)
     sh = NamedSharding(mesh, P("ep"))
 

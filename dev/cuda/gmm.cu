@@ -57,8 +57,9 @@
 
 static const bool kTgmm = HARNESS_TGMM;
 static const int kVersions = 8;
-/* versions that exist (the numbers of removed ones are not reused) */
-static bool version_exists(int v) { return v == 1 || v == 2 || v == 4 || v == 6 || v == 7 || v == 8; }
+/* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
+ * removed ones are not reused) */
+static bool version_exists(int v) { return v == 1 || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2)); }
 
 static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
   if (v == 1) return sluice_cuda::sm80_gmm_launch(a, kTgmm, sms, 0);

@@ -348,7 +348,10 @@ def _dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
     # are `rows` long); they are counted as dropped
     xs, group_sizes, fan = ep.fan_out(recv, max_rows=rows)
     ys = _swiglu_grouped(xs, wi, wo, group_sizes, gmm)
-    dropped = (jnp.sum(recv.topk_idx >= 0) - jnp.sum(group_sizes)).astype(jnp.float32)
+    if rows is None:  # the worst case: nothing can be left out
+        dropped = jnp.zeros((), jnp.float32)
+    else:
+        dropped = (jnp.sum(recv.topk_idx >= 0) - jnp.sum(group_sizes)).astype(jnp.float32)
     return ep.combine(ep.fan_in(ys, fan), recv.handle).astype(jnp.float32), dropped
 
 

@@ -362,7 +362,7 @@ def run(argv=None) -> dict:
     ckpt_every = a.ckpt_every if a.ckpt_every is not None else a.eval_every
     step, val_loss = start, None
     # the sluice path drops only past --ep-rows-factor's bound: any step that did stops the run
-    strict = a.moe_impl == "sluice"
+    strict = a.moe_impl == "sluice" and a.ep_rows_factor is not None
     worst = jnp.zeros(
         (), jnp.float32
     )  # the largest dropped fraction since the last log (on device)

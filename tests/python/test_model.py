@@ -179,18 +179,23 @@ def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def _random_corpus(path, val_tokens):
+    """A token file of random bytes: 20,000 training tokens, val_tokens validation tokens."""
+    rng = np.random.default_rng(0)
+    np.savez_compressed(
+        path,
+        train=rng.integers(0, 256, 20_000).astype(np.int32),
+        val=rng.integers(0, 256, val_tokens).astype(np.int32),
+    )
+    return str(path)
+
+
 def test_training_fits_evaluation_to_the_validation_stream(tmp_path, capsys):
     """A batch too large for the validation stream: with --eval-every 0 no validation windows are
     needed at all; with evaluation on, only as many batches as the stream holds are used."""
     from sluice import train
 
-    rng = np.random.default_rng(0)
-    corpus = str(tmp_path / "small.npz")
-    np.savez_compressed(
-        corpus,
-        train=rng.integers(0, 256, 20_000).astype(np.int32),
-        val=rng.integers(0, 256, 1_000).astype(np.int32),
-    )
+    corpus = _random_corpus(tmp_path / "small.npz", 1_000)
     common = [
         "--preset",
         "tiny",
@@ -241,13 +246,7 @@ def test_training_stops_when_the_ep_rows_bound_drops(tmp_path):
 
     if len(jax.devices()) < 2 or not moe.sluice_ep_available():
         pytest.skip("needs 2 devices and sluice.ep")
-    rng = np.random.default_rng(0)
-    corpus = str(tmp_path / "small.npz")
-    np.savez_compressed(
-        corpus,
-        train=rng.integers(0, 256, 20_000).astype(np.int32),
-        val=rng.integers(0, 256, 2_000).astype(np.int32),
-    )
+    corpus = _random_corpus(tmp_path / "small.npz", 2_000)
     argv = [
         "--preset",
         "tiny",
