@@ -54,13 +54,13 @@ static_assert(
  *            block later), the epilogue staged in shared memory (128B-swizzled, conflict-free)
  *            and written by TMA bulk stores that overlap the next tile's mainloop. 16-bit
  *            outputs; a gmm half-tile that crosses its group's end falls back to masked register
- *            stores. The gmm default for 16-bit outputs: 93% of cycles with the tensor pipe
+ *            stores. The gmm default until V_AHS: 93% of cycles with the tensor pipe
  *            active (Nsight Compute, dsv3-gateup), level with dense cuBLAS.
  *   V_TMA_CS V_TMA_C that skips work on ragged edges: in gmm, a tile with <= 64 rows of its group
  *            leaves consumer warpgroup 2 idle (it only passes the stages back); in tgmm, the last
  *            contraction block issues only the k16 steps that hold rows of the group
  *            (ceil(rows/16) of 4), and only rows up to the next multiple of 16 need zeroing (none
- *            when the group ends on one). The tgmm default for 16-bit outputs: +2-5% over V_TMA_C
+ *            when the group ends on one). The tgmm default until V_AHS: +2-5% over V_TMA_C
  *            on ragged group sizes; gmm: no gain.
  *   V_PP     ping-pong: each consumer warpgroup owns a whole 128x128 tile (two m64n128k16 per k16
  *            step), the warpgroups take alternate tiles of the CTA's list, so one's epilogue runs
@@ -79,10 +79,20 @@ static_assert(
  * In every variant the tgmm rows past a group's end are zeroed by warps 1-3 of the producer
  * warpgroup as soon as the block lands, off the consumers' path; consumers wait for a per-stage
  * "fixed" barrier on those blocks only. */
-enum Variant { V_BASE = 0, V_TMA_C = 2, V_TMA_CS = 4, V_PP = 5, V_MC = 6 };
+enum Variant { V_BASE = 0, V_TMA_C = 2, V_TMA_CS = 4, V_PP = 5, V_MC = 6, V_AHS = 11 };
 __host__ __device__ constexpr bool is_variant(int v) {
-  return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_PP || v == V_MC;
+  return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_PP || v == V_MC || v == V_AHS;
 }
+/* V_AHS: V_TMA_CS with less work at tile boundaries, where both consumer warpgroups leave the
+ * tensor pipe idle together (dev/cuda/trace.sh measured ~1000-1600 cycles of head - decoding the
+ * next tile, zeroing the accumulators - and ~1800 of epilogue per tile, against 16 x 1024 cycles
+ * of wgmma on a dsv3 tgmm tile). The next tile is decoded while the last k-block drains, and the
+ * first wgmma of a tile runs with scale_d = 0 instead of on zeroed accumulators (head ~250
+ * cycles). The epilogue is staged with stmatrix (a quarter of the shared-memory store
+ * instructions; the output dtype branch taken once per tile). The default for 16-bit outputs,
+ * gmm and tgmm: +1-3% gmm, +1-5% tgmm over V_TMA_CS (harness, 2026-11-22, session 4). */
+__host__ __device__ constexpr bool has_ahead(int v) { return v == V_AHS; }
+__host__ __device__ constexpr bool has_stsm(int v) { return v == V_AHS; }
 __host__ __device__ constexpr bool has_tma_c(int v) { return v != V_BASE; }
 __host__ __device__ constexpr bool is_pp(int v) { return v == V_PP; }
 __host__ __device__ constexpr bool has_skip(int v) { return v == V_TMA_CS || v >= V_PP; }
@@ -152,6 +162,38 @@ __device__ __forceinline__ void stage_half(const float (&acc)[NREG], uint32_t cb
     }
 }
 
+/* stage_half with stmatrix, the output type OT fixed: per pair of 8-column groups one
+ * stmatrix.x4 of the four 8x8 matrices (rows 0-7 / 8-15 of the warp's 16) x (groups i, i+1); lane
+ * l gives the address of row l%8 of matrix l/8. The same 128B-swizzled boxes as stage_half. */
+template <typename OT, int NREG>
+__device__ __forceinline__ void stage_half_stsm(const float (&acc)[NREG], uint32_t cbase, int warp,
+                                                int lane) {
+  const int q = lane >> 3;                           /* the matrix this lane addresses */
+  const int r = warp * 16 + (q & 1) * 8 + (lane & 7); /* its row in the 64-row half */
+  const uint32_t row_base = cbase + r * 128;
+#pragma unroll
+  for (int i = 0; i < NREG / 4; i += 2) {
+    const int c = i + (q >> 1); /* 8-column group (16-byte chunk) of this lane's matrix */
+    const uint32_t addr = row_base + (c >> 3) * BOX_BYTES + (((c & 7) ^ (r & 7)) << 4);
+    uint32_t p[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const float lo = acc[4 * (i + (m >> 1)) + 2 * (m & 1)],
+                  hi = acc[4 * (i + (m >> 1)) + 2 * (m & 1) + 1];
+      if constexpr (std::is_same<OT, __nv_bfloat16>::value) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        p[m] = *reinterpret_cast<uint32_t *>(&v);
+      } else {
+        __half2 v = __floats2half2_rn(lo, hi);
+        p[m] = *reinterpret_cast<uint32_t *>(&v);
+      }
+    }
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(p[0]), "r"(p[1]), "r"(p[2]), "r"(p[3])
+                 : "memory");
+  }
+}
+
 /* Masked stores of one 64-row accumulator half straight from registers: rows from row0, only
  * rows < row_limit and columns < n. */
 template <int NREG>
@@ -181,6 +223,57 @@ __device__ __forceinline__ void store_half_regs(const float (&acc)[NREG], void *
 
 #endif /* SLUICE_SM90A_DEVICE */
 
+/* Cycle accounting for dev/cuda/gmm.cu (built with -DSLUICE_SM90_TRACE only; the library never
+ * is): per CTA, where the first consumer warpgroup, the producer thread and the fixer warps spend
+ * their cycles (clock64), summed over the CTA's tiles of one launch. */
+#ifdef SLUICE_SM90_TRACE
+enum TraceSlot {
+  TR_TILES,     /* tiles the consumers computed */
+  TR_BLOCKS,    /* k-blocks they computed */
+  TR_HEAD,      /* previous epilogue's end -> first full-barrier wait (decode, zeroing) */
+  TR_FULL0,     /* waiting for a tile's first block to land */
+  TR_FULL,      /* waiting for the other blocks (and the fix-up) */
+  TR_WAIT1,     /* wgmma.wait_group 1 in the mainloop */
+  TR_WAIT0,     /* the tile-end wgmma.wait_group 0 */
+  TR_EPI,       /* the epilogue: staging and the TMA store issue */
+  TR_CONS,      /* the consumer's whole loop */
+  TR_P_EMPTY,   /* producer: waiting for a free stage */
+  TR_P_EMPTY0,  /* producer: of that, for a tile's first block */
+  TR_PROD,      /* producer: its whole loop */
+  TR_FIX_WAIT,  /* fixers: waiting for the block to be issued and land */
+  TR_FIX_WORK,  /* fixers: zeroing, fence, barrier */
+  TR_N
+};
+__device__ unsigned long long g_sm90_trace[1024][TR_N];
+#define SL_TR(x) const long long x = clock64()
+#define SL_TR_ADD(slot, d) (tr[slot] += (unsigned long long)(d))
+#define SL_TR_DECL unsigned long long tr[TR_N] = {}
+/* after a full-barrier wait that began at w0: a tile's first block counts apart, with the head */
+#define SL_TR_FULL(w0)                           \
+  do {                                           \
+    const long long w1_ = clock64();             \
+    if (tr_first) {                              \
+      tr[TR_FULL0] += w1_ - w0;                  \
+      tr[TR_HEAD] += w0 - epi_end;               \
+      tr_first = false;                          \
+    } else {                                     \
+      tr[TR_FULL] += w1_ - w0;                   \
+    }                                            \
+  } while (0)
+#define SL_TR_STORE(cond)                                                         \
+  do {                                                                            \
+    if (cond)                                                                     \
+      for (int i_ = 0; i_ < TR_N; ++i_)                                           \
+        if (tr[i_]) g_sm90_trace[blockIdx.x][i_] = tr[i_];                        \
+  } while (0)
+#else
+#define SL_TR(x)
+#define SL_TR_ADD(slot, d)
+#define SL_TR_DECL
+#define SL_TR_FULL(w0)
+#define SL_TR_STORE(cond)
+#endif
+
 template <typename T, bool TGMM, bool TRANS_B, int VARIANT>
 __global__ void __launch_bounds__(THREADS, 1)
     gmm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
@@ -191,6 +284,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr bool PP = is_pp(VARIANT), SKIP = has_skip(VARIANT);
   constexpr bool WAIT1 = VARIANT != V_BASE; /* one k-block of wgmmas in flight */
   constexpr bool TMA_C = has_tma_c(VARIANT);
+  constexpr bool AHEAD = has_ahead(VARIANT), STSM = has_stsm(VARIANT);
   constexpr int TBN = bn_of(VARIANT), NB = TBN / 64; /* tile columns, 64-column B boxes */
   constexpr int SBYTES = stage_bytes_of(VARIANT);
   constexpr int PAIR = cluster_of(VARIANT); /* CTAs per cluster, tiles per scheduled unit */
@@ -272,13 +366,19 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (threadIdx.x == 0) {
       int s = 0;
       uint32_t phase = 0;
+      SL_TR_DECL;
+      SL_TR(p_begin);
       for (int t = cid; t < total_tiles; t += ncl) {
         int j, m0, n0, nk, gs, ge;
         decode(t, j, m0, n0, nk, gs, ge);
         const bool fix = needs_fix(nk, ge - gs);
         for (int kb = 0; kb < nk; ++kb) {
           const uint32_t full = full0 + 8 * s;
+          SL_TR(w0);
           mbar_wait(empty0 + 8 * s, phase ^ 1);
+          SL_TR(w1);
+          SL_TR_ADD(TR_P_EMPTY, w1 - w0);
+          if (kb == 0) SL_TR_ADD(TR_P_EMPTY0, w1 - w0);
           mbar_expect_tx(full, SBYTES);
           const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_BYTES;
           if (MC) {
@@ -325,12 +425,16 @@ __global__ void __launch_bounds__(THREADS, 1)
           if (++s == STAGES) s = 0, phase ^= 1;
         }
       }
+      SL_TR(p_end);
+      SL_TR_ADD(TR_PROD, p_end - p_begin);
+      SL_TR_STORE(true);
     } else if (TGMM && threadIdx.x >= 32) {
       /* Fixers (warps 1-3): the last block of a group's contraction holds rows of the next group
        * (or TMA zeros past M); zero them in shared memory before the consumers read the stage. */
       const int ft = threadIdx.x - 32;
       long long blk = 0;         /* k-blocks issued so far, as the producer counts them */
       uint32_t issued_phase = 0; /* bit s: parity of stage s's next "issued" phase */
+      SL_TR_DECL;
       for (int t = cid; t < total_tiles; t += ncl) {
         int j, m0, n0, nk, gs, ge;
         decode(t, j, m0, n0, nk, gs, ge);
@@ -342,9 +446,12 @@ __global__ void __launch_bounds__(THREADS, 1)
           /* Wait until the producer has issued block b: only then is stage s's current full phase
            * b's own (a parity wait further ahead could match an older phase). Neither barrier can
            * lap the fixers: stage s is not refilled until the consumers saw this block fixed. */
+          SL_TR(f0);
           mbar_wait(issued0 + 8 * s, (issued_phase >> s) & 1);
           issued_phase ^= 1u << s;
           mbar_wait(full0 + 8 * s, (uint32_t)((b / STAGES) & 1));
+          SL_TR(f1);
+          SL_TR_ADD(TR_FIX_WAIT, f1 - f0);
           const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_BYTES;
           constexpr int PER_ROW = (2 + NB) * 8; /* (2 A + NB B boxes) x 16-byte chunks */
           const int chunks = (fe - rv) * PER_ROW;
@@ -358,9 +465,12 @@ __global__ void __launch_bounds__(THREADS, 1)
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
           named_bar(4, 96);
           if (ft == 0) mbar_arrive(fixed0 + 8 * s);
+          SL_TR(f2);
+          SL_TR_ADD(TR_FIX_WORK, f2 - f1);
         }
         blk += nk;
       }
+      SL_TR_STORE(ft == 0);
     }
   } else if constexpr (PP) {
     /* Ping-pong consumers: warpgroup cw takes the CTA's tiles i = cw, cw + 2, ... and steps its
@@ -535,10 +645,33 @@ __global__ void __launch_bounds__(THREADS, 1)
         if constexpr (MC) mbar_arrive_cluster(mapa_shared(empty0 + 8 * st, peer));
       }
     };
+    SL_TR_DECL;
+    SL_TR(c_begin);
+#ifdef SLUICE_SM90_TRACE
+    long long epi_end = c_begin;
+    bool tr_first = true;
+#endif
+    /* AHEAD: the next tile, decoded while the current one's last k-block drains; the
+     * accumulators are defined once here and then left to scale_d = 0 on a tile's first wgmma */
+    int nj = 0, nm0 = 0, nn0 = 0, nnk = 0, ngs = 0, nge = 0;
+    if constexpr (AHEAD) {
+      if (cid < total_tiles) decode(cid, nj, nm0, nn0, nnk, ngs, nge);
+#pragma unroll
+      for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    }
     for (int t = cid; t < total_tiles; t += ncl) {
       int j, m0, n0, nk, gs, ge;
-      decode(t, j, m0, n0, nk, gs, ge);
+      if constexpr (AHEAD)
+        j = nj, m0 = nm0, n0 = nn0, nk = nnk, gs = ngs, ge = nge;
+      else
+        decode(t, j, m0, n0, nk, gs, ge);
+      auto decode_next = [&]() {
+        if (AHEAD && t + ncl < total_tiles) decode(t + ncl, nj, nm0, nn0, nnk, ngs, nge);
+      };
       const bool fix = needs_fix(nk, ge - gs);
+#ifdef SLUICE_SM90_TRACE
+      tr_first = true;
+#endif
       /* MC: the pair's second tile lies past the group (gmm) or past K (tgmm) */
       const bool dummy = MC && (TGMM ? m0 >= a.k : m0 >= ge);
       if (dummy || (SKIP && !TGMM && cw == 1 && ge - m0 <= 64)) {
@@ -553,20 +686,30 @@ __global__ void __launch_bounds__(THREADS, 1)
           release(s);
           if (++s == STAGES) s = 0, phase ^= 1;
         }
+        decode_next();
         continue;
       }
+      if constexpr (!AHEAD) {
 #pragma unroll
-      for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+        for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+      }
+      /* AHEAD: the first k16 step of the tile ignores the accumulators' old values */
+      int sd0 = AHEAD ? 0 : 1;
       if constexpr (SKIP && TGMM) {
         /* The last block issues only the k16 steps that hold rows of the group: the count is a
          * template argument chosen once per tile, and the fix-up wait is a select, because a
          * wgmma or a wgmma wait on a conditional path makes ptxas serialize them (C7517-C7520). */
         auto kblock = [&](auto nkk_c, auto last_c) {
           constexpr int NKK = decltype(nkk_c)::value;
+          SL_TR(w0);
           mbar_wait(full0 + 8 * s, phase);
+          SL_TR_FULL(w0);
           if constexpr (decltype(last_c)::value) {
+            SL_TR(f0);
             mbar_wait(fix ? fixed0 + 8 * s : full0 + 8 * s, fix ? (fixed_phase >> s) & 1 : phase);
             fixed_phase ^= (fix ? 1u : 0u) << s;
+            SL_TR(f1);
+            SL_TR_ADD(TR_FULL, f1 - f0);
           }
           const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_BYTES;
           wgmma_fence();
@@ -574,10 +717,16 @@ __global__ void __launch_bounds__(THREADS, 1)
           for (int kk = 0; kk < NKK; ++kk) {
             const uint64_t da = make_desc(sa + cw * BOX_BYTES + kk * 2048, BOX_BYTES, 1024);
             const uint64_t db = make_desc(sb + kk * 2048, BOX_BYTES, 1024);
-            wgmma_tile<T, 1, 1>(acc, da, db);
+            if constexpr (AHEAD)
+              wgmma_tile<T, 1, 1>(acc, da, db, kk == 0 ? sd0 : 1);
+            else
+              wgmma_tile<T, 1, 1>(acc, da, db);
           }
+          if constexpr (AHEAD) sd0 = 1;
           wgmma_commit();
+          SL_TR(v0);
           wgmma_wait1();
+          SL_TR_ADD(TR_WAIT1, clock64() - v0);
           fence_operands(acc);
         };
         auto release_prev = [&](int kb) {
@@ -604,12 +753,18 @@ __global__ void __launch_bounds__(THREADS, 1)
           else
             mainloop(std::integral_constant<int, 4>{});
         }
+        decode_next(); /* (AHEAD) while the last k-block drains */
+        SL_TR(d0);
         wgmma_wait0(); /* unconditional (C7518) */
         fence_operands(acc);
+        SL_TR(d1);
+        SL_TR_ADD(TR_WAIT0, d1 - d0);
         if (nk > 0) release(s == 0 ? STAGES - 1 : s - 1);
       } else {
         for (int kb = 0; kb < nk; ++kb) {
+          SL_TR(w0);
           mbar_wait(full0 + 8 * s, phase);
+          SL_TR_FULL(w0);
           const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_BYTES;
           if (fix && kb == nk - 1) {
             mbar_wait(fixed0 + 8 * s, (fixed_phase >> s) & 1);
@@ -628,12 +783,18 @@ __global__ void __launch_bounds__(THREADS, 1)
                            : make_desc(sb + kk * 2048, BOX_BYTES, 1024);
             }
             constexpr int TA = TGMM ? 1 : 0, TB = TRANS_B ? 0 : 1;
-            wgmma_tile<T, TA, TB>(acc, da, db);
+            if constexpr (AHEAD)
+              wgmma_tile<T, TA, TB>(acc, da, db, kk == 0 ? sd0 : 1);
+            else
+              wgmma_tile<T, TA, TB>(acc, da, db);
           }
+          if constexpr (AHEAD) sd0 = 1;
           wgmma_commit();
           if (WAIT1) {
             /* k-block kb stays in flight; kb-1 is done, so its stage goes back to the producer. */
+            SL_TR(v0);
             wgmma_wait1();
+            SL_TR_ADD(TR_WAIT1, clock64() - v0);
             fence_operands(acc);
             if (kb > 0) release(s == 0 ? STAGES - 1 : s - 1);
           } else {
@@ -643,10 +804,23 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
           if (++s == STAGES) s = 0, phase ^= 1;
         }
-        if (WAIT1 && nk > 0) {
+        decode_next(); /* (AHEAD) while the last k-block drains */
+        /* AHEAD: the wait is unconditional, since the accumulators carry over to the next tile
+         * (a wait on a conditional path before their next wgmma: C7518) */
+        if (WAIT1 && (AHEAD || nk > 0)) {
+          SL_TR(d0);
           wgmma_wait0();
           fence_operands(acc);
-          release(s == 0 ? STAGES - 1 : s - 1);
+          SL_TR(d1);
+          SL_TR_ADD(TR_WAIT0, d1 - d0);
+          if (nk > 0) release(s == 0 ? STAGES - 1 : s - 1);
+        }
+      }
+      SL_TR(e0);
+      if constexpr (AHEAD && TGMM) { /* (gmm: nk > 0; a write here would cost C7518 there) */
+        if (nk == 0) { /* tgmm, empty group: no wgmma defined this tile's zeros */
+#pragma unroll
+          for (int i = 0; i < 128; ++i) acc[i] = 0.f;
         }
       }
 
@@ -659,7 +833,14 @@ __global__ void __launch_bounds__(THREADS, 1)
         const uint32_t cbase = c_smem + cw * (C_BYTES / 2);
         if (lt == 0) bulk_wait_read0(); /* the previous tile's store has read the staging buffer */
         named_bar(2 + cw, 128);
-        stage_half(acc, cbase, a.out_dtype, warp, lane);
+        if constexpr (STSM) {
+          if (a.out_dtype == SL_DTYPE_BF16)
+            stage_half_stsm<__nv_bfloat16>(acc, cbase, warp, lane);
+          else
+            stage_half_stsm<__half>(acc, cbase, warp, lane);
+        } else {
+          stage_half(acc, cbase, a.out_dtype, warp, lane);
+        }
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         named_bar(2 + cw, 128);
         if (lt == 0) {
@@ -675,8 +856,17 @@ __global__ void __launch_bounds__(THREADS, 1)
       } else {
         store_half_regs(acc, out, a.out_dtype, a.n, m0 + cw * 64, n0, row_limit, warp, lane);
       }
+#ifdef SLUICE_SM90_TRACE
+      epi_end = clock64();
+      SL_TR_ADD(TR_EPI, epi_end - e0);
+      SL_TR_ADD(TR_TILES, 1);
+      SL_TR_ADD(TR_BLOCKS, nk);
+#endif
     }
     if (TMA_C && lt == 0) bulk_wait0(); /* stores done before the CTA's shared memory goes away */
+    SL_TR(c_end);
+    SL_TR_ADD(TR_CONS, c_end - c_begin);
+    SL_TR_STORE(cw == 0 && lt == 0);
   }
   /* MC: neither CTA leaves while the peer may still arrive on its barriers */
   if constexpr (MC) cluster_sync();
@@ -827,7 +1017,7 @@ static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
 /* The variant that runs: `variant` if given (-1: the default for these arguments), or
  * SL_STATUS_UNSUPPORTED's -2 when the given one cannot run them. */
 /* The defaults for 16-bit outputs (dev/NOTES.md has the measurements behind them). */
-constexpr int kDefaultGmm = V_TMA_C, kDefaultTgmm = V_TMA_CS;
+constexpr int kDefaultGmm = V_AHS, kDefaultTgmm = V_AHS;
 
 static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   if (variant < 0) return tma_c_ok(a) ? (tgmm ? kDefaultTgmm : kDefaultGmm) : V_BASE;
@@ -842,6 +1032,7 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     case V_TMA_C: return launch_v<T, V_TMA_C>(a, tgmm, num_sms, s);
     case V_TMA_CS: return launch_v<T, V_TMA_CS>(a, tgmm, num_sms, s);
     case V_PP: return launch_v<T, V_PP>(a, tgmm, num_sms, s);
+    case V_AHS: return launch_v<T, V_AHS>(a, tgmm, num_sms, s);
     default: {
       /* V_MC; clusters that cannot be placed: the same kernel without them */
       const sl_status st = launch_v<T, V_MC>(a, tgmm, num_sms, s);

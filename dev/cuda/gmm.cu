@@ -4,7 +4,7 @@
  * Build (tests/gpu/build.sh does this, into build-gpu/):
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
  *        -Iinclude -Icsrc/core dev/cuda/gmm.cu build-gpu/status.o build-gpu/gmm_cpu.o -lgomp -o gmm
- * Versions (the numbers of removed ones, 3, 5, 9, 10 and 11, are not reused; dev/NOTES.md has
+ * Versions (the numbers of removed ones, 3, 5, 9, 10, 11 and 12, are not reused; dev/NOTES.md has
  * them all):
  *   1  portable: mma.sync m16n8k16, 128x256x32 tiles, 3-stage cp.async, 8 warps (sm80_gmm.cu)
  *   2  Hopper: wgmma m64n256k16 from TMA, 4-stage mbarrier pipeline, 1 producer + 2 consumer
@@ -18,12 +18,15 @@
  *      epilogue overlaps the other's mainloop; 5 stages of 32 KB; the skips of 6 (V_PP)
  *   8  as 6 on 2-CTA clusters: a pair of tiles that share B, each CTA loading its own A and half
  *      of B, multicast to both (V_MC)
+ *  13  as 6 with less work between tiles: the next tile decoded while the last k-block drains,
+ *      scale_d = 0 instead of zeroed accumulators, the epilogue staged by stmatrix (V_AHS; the
+ *      default of both ops since session 4; 12, the same without stmatrix, was removed)
  * (tgmm, all sm90 versions: rows past a group's end are zeroed by the producer warpgroup's spare
  *  warps, off the consumers' path.)
  *
  * Run: ./gmm [versions]   versions: "all", or a comma-separated list of versions to time (default
- * 4,6,8: 4 is the gmm default, 6 the tgmm default, 8 the cluster kernel; 1, 2 and 7 are known
- * slower, dev/NOTES.md).
+ * 13,4,6: 13 is the default of both ops, 4 and 6 the earlier gmm and tgmm defaults; 1, 2, 7 and
+ * 8 are known slower, dev/NOTES.md).
  * Every version is checked for correctness whatever the list.
  *
  * First every version is checked against the CPU kernel (sl_gmm_cpu, f32 accumulation) on small
@@ -56,7 +59,7 @@
   } while (0)
 
 static const bool kTgmm = HARNESS_TGMM;
-static const int kVersions = 8;
+static const int kVersions = 13;
 /* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
  * removed ones are not reused) */
 static bool version_exists(int v) { return v == 1 || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2)); }
@@ -139,6 +142,38 @@ static void free_problem(Problem &p) {
   cudaFree(p.lhs), cudaFree(p.rhs), cudaFree(p.out), cudaFree(p.d_sizes);
 }
 
+#ifdef SLUICE_SM90_TRACE
+/* One more launch of sm90 version v with the kernel's cycle counters on (dev build only): where
+ * the first consumer warpgroup, the producer and the fixers spend their cycles, per tile and per
+ * k-block, averaged over the CTAs. */
+static void print_trace(int v, const sluice_cuda::GmmArgs &a, int sms) {
+  using namespace sluice_cuda::sm90;
+  static unsigned long long h[1024][TR_N];
+  memset(h, 0, sizeof h);
+  CK(cudaMemcpyToSymbol(g_sm90_trace, h, sizeof h));
+  run_version(v, a, sms);
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpyFromSymbol(h, g_sm90_trace, sizeof h));
+  double sum[TR_N] = {0};
+  for (int c = 0; c < sms; ++c)
+    for (int i = 0; i < TR_N; ++i) sum[i] += (double)h[c][i];
+  const double tiles = sum[TR_TILES], blocks = sum[TR_BLOCKS];
+  if (tiles == 0) return;
+  const double acct = sum[TR_HEAD] + sum[TR_FULL0] + sum[TR_FULL] + sum[TR_WAIT1] +
+                      sum[TR_WAIT0] + sum[TR_EPI];
+  printf("  trace v%d: %.1f blocks/tile; cycles per tile: consumer %.0f = head %.0f + first-full "
+         "%.0f + full %.0f + wait1 %.0f + wait0 %.0f + epilogue %.0f + other %.0f; per block "
+         "%.0f\n",
+         v, blocks / tiles, sum[TR_CONS] / tiles, sum[TR_HEAD] / tiles, sum[TR_FULL0] / tiles,
+         sum[TR_FULL] / tiles, sum[TR_WAIT1] / tiles, sum[TR_WAIT0] / tiles, sum[TR_EPI] / tiles,
+         (sum[TR_CONS] - acct) / tiles, sum[TR_CONS] / blocks);
+  printf("  trace v%d: producer per tile %.0f, empty-wait %.0f (first block %.0f); fixers wait "
+         "%.0f, work %.0f per tile\n",
+         v, sum[TR_PROD] / tiles, sum[TR_P_EMPTY] / tiles, sum[TR_P_EMPTY0] / tiles,
+         sum[TR_FIX_WAIT] / tiles, sum[TR_FIX_WORK] / tiles);
+}
+#endif
+
 /* Group sizes summing to m: "uniform" m/g each; "ragged" m/g +-6%; "skewed" Dirichlet(0.3). */
 static std::vector<int> sizes_for(const char *mode, int m, int g) {
   std::vector<int> s(g, m / g);
@@ -165,7 +200,7 @@ int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "all")) {
     for (int v = 1; v <= kVersions; ++v) want[v] = true;
   } else {
-    const char *list = argc > 1 ? argv[1] : "4,6,8";
+    const char *list = argc > 1 ? argv[1] : "13,4,6";
     for (const char *c = list; *c;) {
       const int v = atoi(c);
       if (v >= 1 && v <= kVersions) want[v] = true;
@@ -289,6 +324,10 @@ int main(int argc, char **argv) {
         printf("%-16s %-8s %7d %9.3f %8.1f %8.3fx\n", sh.name, mode, versions[i], med,
                flops / med / 1e9, first / med);
       }
+#ifdef SLUICE_SM90_TRACE
+      for (int v : versions)
+        if (v >= 2) print_trace(v, args_of(p), sms);
+#endif
       free_problem(p);
     }
   }
