@@ -242,6 +242,10 @@ enum TraceSlot {
   TR_PROD,      /* producer: its whole loop */
   TR_FIX_WAIT,  /* fixers: waiting for the block to be issued and land */
   TR_FIX_WORK,  /* fixers: zeroing, fence, barrier */
+  TR_EPI_READ,  /* of the epilogue: waiting for the last store to have read the staging buffer */
+  TR_EPI_BAR,   /* ... the two warpgroup barriers */
+  TR_EPI_STAGE, /* ... the staging stores */
+  TR_EPI_FENCE, /* ... the async-proxy fence */
   TR_N
 };
 __device__ unsigned long long g_sm90_trace[1024][TR_N];
@@ -832,7 +836,11 @@ __global__ void __launch_bounds__(THREADS, 1)
         /* This warpgroup's 64x256 half: 4 boxes of 64x64, 128B-swizzled like the TMA map. */
         const uint32_t cbase = c_smem + cw * (C_BYTES / 2);
         if (lt == 0) bulk_wait_read0(); /* the previous tile's store has read the staging buffer */
+        SL_TR(x0);
+        SL_TR_ADD(TR_EPI_READ, x0 - e0);
         named_bar(2 + cw, 128);
+        SL_TR(x1);
+        SL_TR_ADD(TR_EPI_BAR, x1 - x0);
         if constexpr (STSM) {
           if (a.out_dtype == SL_DTYPE_BF16)
             stage_half_stsm<__nv_bfloat16>(acc, cbase, warp, lane);
@@ -841,8 +849,14 @@ __global__ void __launch_bounds__(THREADS, 1)
         } else {
           stage_half(acc, cbase, a.out_dtype, warp, lane);
         }
+        SL_TR(x2);
+        SL_TR_ADD(TR_EPI_STAGE, x2 - x1);
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        SL_TR(x3);
+        SL_TR_ADD(TR_EPI_FENCE, x3 - x2);
         named_bar(2 + cw, 128);
+        SL_TR(x4);
+        SL_TR_ADD(TR_EPI_BAR, x4 - x3);
         if (lt == 0) {
 #pragma unroll
           for (int b = 0; b < 4; ++b) {

@@ -4,7 +4,7 @@
  * Build (tests/gpu/build.sh does this, into build-gpu/):
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
  *        -Iinclude -Icsrc/core dev/cuda/gmm.cu build-gpu/status.o build-gpu/gmm_cpu.o -lgomp -o gmm
- * Versions (the numbers of removed ones, 3, 5, 9, 10, 11 and 12, are not reused; dev/NOTES.md has
+ * Versions (the numbers of removed ones, 3, 5, 9, 10, 11, 12, 14 and 15, are not reused; dev/NOTES.md has
  * them all):
  *   1  portable: mma.sync m16n8k16, 128x256x32 tiles, 3-stage cp.async, 8 warps (sm80_gmm.cu)
  *   2  Hopper: wgmma m64n256k16 from TMA, 4-stage mbarrier pipeline, 1 producer + 2 consumer
@@ -171,6 +171,10 @@ static void print_trace(int v, const sluice_cuda::GmmArgs &a, int sms) {
          "%.0f, work %.0f per tile\n",
          v, sum[TR_PROD] / tiles, sum[TR_P_EMPTY] / tiles, sum[TR_P_EMPTY0] / tiles,
          sum[TR_FIX_WAIT] / tiles, sum[TR_FIX_WORK] / tiles);
+  printf("  trace v%d: epilogue per tile: store-read wait %.0f, barriers %.0f, staging %.0f, "
+         "fence %.0f\n",
+         v, sum[TR_EPI_READ] / tiles, sum[TR_EPI_BAR] / tiles, sum[TR_EPI_STAGE] / tiles,
+         sum[TR_EPI_FENCE] / tiles);
 }
 #endif
 
