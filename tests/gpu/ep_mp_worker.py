@@ -212,7 +212,10 @@ def check_peer_never_arrives():
     """Process 0 runs an exchange that process 1 never joins: the wait ends after timeout_s and the
     next call fails, naming the rank and the call (for NCCL: the watchdog aborts the communicator)."""
     client = distributed.global_state.client
-    ep.setup(MESH, "ep", timeout_s=3.0, num_sms=8, transport=ARGS.transport)
+    # NCCL's warm-up exchange at setup took more than 3 s across 8 processes (the timeout is also
+    # setup's): 10 s there
+    ep.setup(MESH, "ep", timeout_s=10.0 if ARGS.transport == "nccl" else 3.0, num_sms=8,
+             transport=ARGS.transport)
     t, h, k, e = 8, 64, 2, max(4, R)
     x, idx, w = placed(
         np.ones((R * t, h), np.float32),
