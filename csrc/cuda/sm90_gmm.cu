@@ -92,7 +92,6 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * instructions; the output dtype branch taken once per tile). The default for 16-bit outputs,
  * gmm and tgmm: +1-3% gmm, +1-5% tgmm over V_TMA_CS (harness, 2026-11-22, session 4). */
 __host__ __device__ constexpr bool has_ahead(int v) { return v == V_AHS; }
-__host__ __device__ constexpr bool has_stsm(int v) { return v == V_AHS; }
 __host__ __device__ constexpr bool has_tma_c(int v) { return v != V_BASE; }
 __host__ __device__ constexpr bool is_pp(int v) { return v == V_PP; }
 __host__ __device__ constexpr bool has_skip(int v) { return v == V_TMA_CS || v >= V_PP; }
@@ -288,7 +287,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr bool PP = is_pp(VARIANT), SKIP = has_skip(VARIANT);
   constexpr bool WAIT1 = VARIANT != V_BASE; /* one k-block of wgmmas in flight */
   constexpr bool TMA_C = has_tma_c(VARIANT);
-  constexpr bool AHEAD = has_ahead(VARIANT), STSM = has_stsm(VARIANT);
+  constexpr bool AHEAD = has_ahead(VARIANT); /* V_AHS: also the stmatrix epilogue */
   constexpr int TBN = bn_of(VARIANT), NB = TBN / 64; /* tile columns, 64-column B boxes */
   constexpr int SBYTES = stage_bytes_of(VARIANT);
   constexpr int PAIR = cluster_of(VARIANT); /* CTAs per cluster, tiles per scheduled unit */
@@ -721,12 +720,9 @@ __global__ void __launch_bounds__(THREADS, 1)
           for (int kk = 0; kk < NKK; ++kk) {
             const uint64_t da = make_desc(sa + cw * BOX_BYTES + kk * 2048, BOX_BYTES, 1024);
             const uint64_t db = make_desc(sb + kk * 2048, BOX_BYTES, 1024);
-            if constexpr (AHEAD)
-              wgmma_tile<T, 1, 1>(acc, da, db, kk == 0 ? sd0 : 1);
-            else
-              wgmma_tile<T, 1, 1>(acc, da, db);
+            wgmma_tile<T, 1, 1>(acc, da, db, kk == 0 ? sd0 : 1);
           }
-          if constexpr (AHEAD) sd0 = 1;
+          sd0 = 1;
           wgmma_commit();
           SL_TR(v0);
           wgmma_wait1();
@@ -787,12 +783,9 @@ __global__ void __launch_bounds__(THREADS, 1)
                            : make_desc(sb + kk * 2048, BOX_BYTES, 1024);
             }
             constexpr int TA = TGMM ? 1 : 0, TB = TRANS_B ? 0 : 1;
-            if constexpr (AHEAD)
-              wgmma_tile<T, TA, TB>(acc, da, db, kk == 0 ? sd0 : 1);
-            else
-              wgmma_tile<T, TA, TB>(acc, da, db);
+            wgmma_tile<T, TA, TB>(acc, da, db, kk == 0 ? sd0 : 1);
           }
-          if constexpr (AHEAD) sd0 = 1;
+          sd0 = 1;
           wgmma_commit();
           if (WAIT1) {
             /* k-block kb stays in flight; kb-1 is done, so its stage goes back to the producer. */
@@ -841,7 +834,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         named_bar(2 + cw, 128);
         SL_TR(x1);
         SL_TR_ADD(TR_EPI_BAR, x1 - x0);
-        if constexpr (STSM) {
+        if constexpr (AHEAD) {
           if (a.out_dtype == SL_DTYPE_BF16)
             stage_half_stsm<__nv_bfloat16>(acc, cbase, warp, lane);
           else
