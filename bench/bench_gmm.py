@@ -66,43 +66,70 @@ def time_cuda(fns, iters, warmup=3):
     return {name: statistics.median(v) for name, v in times.items()}
 
 
+class ShapeCalls:
+    """Inputs of one shape on the GPU (bf16, seed 0) and, per group-size vector, the timed calls:
+    sluice gmm/tgmm through the C API, torch._grouped_mm (forward, weight gradient) and a dense
+    cuBLAS product of the same FLOPs."""
+
+    def __init__(self, lib, shape, zeros=False):
+        import torch
+
+        dev = torch.device("cuda")
+        m, g, k, n = shape.m, shape.g, shape.k, shape.n
+        torch.manual_seed(0)
+        make = torch.zeros if zeros else torch.randn
+        self.lib, self.shape, self.flops = lib, shape, 2.0 * m * k * n
+        self.x = make(m, k, device=dev, dtype=torch.bfloat16)
+        self.w = make(g, k, n, device=dev, dtype=torch.bfloat16) * 0.02
+        self.dy = make(m, n, device=dev, dtype=torch.bfloat16)
+        self.w_dense = make(k, n, device=dev, dtype=torch.bfloat16) * 0.02
+        self.out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+        self.dw = torch.empty(g, k, n, device=dev, dtype=torch.bfloat16)
+        self.desc = GmmDesc(
+            ctypes.sizeof(GmmDesc), 1, m, k, n, g, g, SL_DTYPE_BF16, SL_DTYPE_BF16, SL_DTYPE_BF16, 0
+        )
+        nws = max(lib.sl_gmm_cuda_workspace_size(ctypes.byref(self.desc)), 16)
+        self.ws = torch.empty(nws, device=dev, dtype=torch.uint8)
+        self.stream = torch.cuda.current_stream().cuda_stream
+
+    def calls(self, sizes):
+        """{name: callable} for these group sizes (numpy int32 [G]), plus the offsets tensor."""
+        import torch
+
+        gs = torch.tensor(sizes, device=self.x.device, dtype=torch.int32)
+        offs = torch.cumsum(gs, 0, dtype=torch.int32)
+        x, w, dy, lib, desc = self.x, self.w, self.dy, self.lib, self.desc
+
+        def sl_gmm():
+            ptrs = (x.data_ptr(), w.data_ptr(), gs.data_ptr(), None, self.out.data_ptr())
+            if lib.sl_gmm_cuda(ctypes.byref(desc), *ptrs, self.ws.data_ptr(), self.stream) != 0:
+                raise RuntimeError(lib.sl_last_error().decode())
+
+        def sl_tgmm():
+            ptrs = (x.data_ptr(), dy.data_ptr(), gs.data_ptr(), None, self.dw.data_ptr())
+            if lib.sl_tgmm_cuda(ctypes.byref(desc), *ptrs, self.ws.data_ptr(), self.stream) != 0:
+                raise RuntimeError(lib.sl_last_error().decode())
+
+        calls = {
+            "sluice_gmm": sl_gmm,
+            "torch_grouped_mm": lambda: torch._grouped_mm(x, w, offs=offs),
+            "cublas_dense": lambda: torch.mm(x, self.w_dense),
+            "sluice_tgmm": sl_tgmm,
+            "torch_grouped_mm_wgrad": lambda: torch._grouped_mm(x.t(), dy, offs=offs),
+        }
+        return calls, offs
+
+
 def bench_shape_torch(lib, shape, args):
     """Rows for one shape (both distributions): sluice, torch._grouped_mm and cuBLAS."""
     import torch
 
-    dev = torch.device("cuda")
+    sc = ShapeCalls(lib, shape)
     m, g, k, n = shape.m, shape.g, shape.k, shape.n
-    torch.manual_seed(0)
-    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-    w = torch.randn(g, k, n, device=dev, dtype=torch.bfloat16) * 0.02
-    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
-    w_dense = torch.randn(k, n, device=dev, dtype=torch.bfloat16) * 0.02
-    out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
-    dw = torch.empty(g, k, n, device=dev, dtype=torch.bfloat16)
-    flops = 2.0 * m * k * n
-    desc = GmmDesc(
-        ctypes.sizeof(GmmDesc), 1, m, k, n, g, g, SL_DTYPE_BF16, SL_DTYPE_BF16, SL_DTYPE_BF16, 0
-    )
-    ws = torch.empty(
-        max(lib.sl_gmm_cuda_workspace_size(ctypes.byref(desc)), 16), device=dev, dtype=torch.uint8
-    )
-    stream = torch.cuda.current_stream().cuda_stream
     rows = []
     for dist in DISTRIBUTIONS:
         sizes = group_sizes(shape, dist, seed=args.seed)
-        gs = torch.tensor(sizes, device=dev, dtype=torch.int32)
-        offs = torch.cumsum(gs, 0, dtype=torch.int32)
-
-        def sl_gmm(gs=gs):
-            ptrs = (x.data_ptr(), w.data_ptr(), gs.data_ptr(), None, out.data_ptr(), ws.data_ptr())
-            if lib.sl_gmm_cuda(ctypes.byref(desc), *ptrs, stream) != 0:
-                raise RuntimeError(lib.sl_last_error().decode())
-
-        def sl_tgmm(gs=gs):
-            ptrs = (x.data_ptr(), dy.data_ptr(), gs.data_ptr(), None, dw.data_ptr(), ws.data_ptr())
-            if lib.sl_tgmm_cuda(ctypes.byref(desc), *ptrs, stream) != 0:
-                raise RuntimeError(lib.sl_last_error().decode())
-
+        calls, offs = sc.calls(sizes)
         row = {
             "shape": shape.name,
             "dist": dist,
@@ -114,35 +141,25 @@ def bench_shape_torch(lib, shape, args):
             "sizes_max": int(sizes.max()),
         }
         # correctness against torch on these inputs (the same bf16 operands)
-        sl_gmm()
-        sl_tgmm()
+        calls["sluice_gmm"]()
+        calls["sluice_tgmm"]()
         torch.cuda.synchronize()
         try:
-            ref = torch._grouped_mm(x, w, offs=offs)
+            ref = torch._grouped_mm(sc.x, sc.w, offs=offs)
             row["gmm_rel_err_vs_torch"] = float(
-                (out.float() - ref.float()).norm() / ref.float().norm()
+                (sc.out.float() - ref.float()).norm() / ref.float().norm()
             )
         except Exception as e:  # noqa: BLE001
             row["gmm_torch_error"] = str(e)[:300]
         try:
-            ref_dw = torch._grouped_mm(x.t(), dy, offs=offs)
+            ref_dw = torch._grouped_mm(sc.x.t(), sc.dy, offs=offs)
             row["tgmm_torch_call"] = "x.t(), dy"
             row["tgmm_rel_err_vs_torch"] = float(
-                (dw.float() - ref_dw.float()).norm() / ref_dw.float().norm()
+                (sc.dw.float() - ref_dw.float()).norm() / ref_dw.float().norm()
             )
         except Exception as e:  # noqa: BLE001
             row["tgmm_torch_error_xt"] = str(e)[:200]
-
-        calls = {
-            "sluice_gmm": sl_gmm,
-            "torch_grouped_mm": lambda offs=offs: torch._grouped_mm(x, w, offs=offs),
-            "cublas_dense": lambda: torch.mm(x, w_dense),
-            "sluice_tgmm": sl_tgmm,
-        }
-        if "tgmm_torch_call" in row:
-            calls["torch_grouped_mm_wgrad"] = lambda offs=offs: torch._grouped_mm(
-                x.t(), dy, offs=offs
-            )
+            del calls["torch_grouped_mm_wgrad"]
         working = {}
         for name, fn in calls.items():
             try:  # one call first: a peer that fails (signature, memory) is recorded, not fatal
@@ -152,7 +169,7 @@ def bench_shape_torch(lib, shape, args):
                 row.setdefault("errors", {})[name] = str(e)[:300]
         t = time_cuda(working, args.iters)
         row["ms"] = t
-        row["tflops"] = {kk: flops / v / 1e9 for kk, v in t.items()}
+        row["tflops"] = {kk: sc.flops / v / 1e9 for kk, v in t.items()}
         rows.append(row)
         tf = {kk: round(v, 1) for kk, v in row["tflops"].items()}
         err = [row.get("gmm_rel_err_vs_torch"), row.get("tgmm_rel_err_vs_torch")]
@@ -160,15 +177,21 @@ def bench_shape_torch(lib, shape, args):
     return rows
 
 
-def part_torch(args):
-    import torch
-
-    lib = ctypes.CDLL(args.lib)
+def open_lib(path):
+    """The CUDA library (tests/gpu/build.sh's libsluice_gpu.so) with its C entry points typed."""
+    lib = ctypes.CDLL(path)
     for f in ("sl_gmm_cuda", "sl_tgmm_cuda"):
         getattr(lib, f).restype = ctypes.c_int
         getattr(lib, f).argtypes = [ctypes.POINTER(GmmDesc)] + [ctypes.c_void_p] * 7
     lib.sl_last_error.restype = ctypes.c_char_p
     lib.sl_gmm_cuda_workspace_size.restype = ctypes.c_size_t
+    return lib
+
+
+def part_torch(args):
+    import torch
+
+    lib = open_lib(args.lib)
     results = []
     for shape in SHAPES:
         results += bench_shape_torch(lib, shape, args)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Grouped GEMM benchmark on one GPU: build (tests/gpu/build.sh) unless SKIP_BUILD=1, then the torch
 # part (sluice via ctypes, torch._grouped_mm, cuBLAS) and the JAX part (ragged_dot) in two processes,
-# merged into $RESULTS/gmm-<date>.md/json, plus the kernels' resource usage.
+# merged into $RESULTS/gmm-<date>.md/json, then each implementation alone under sustained load
+# ($RESULTS/sustained-<date>.md/json: clock, power, TFLOP/s), plus the kernels' resource usage.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export BUILD=${BUILD:-build-gpu}
@@ -18,6 +19,13 @@ if [ "${SKIP_JAX:-0}" != 1 ]; then
 fi
 python3 bench/bench_gmm.py --merge "$RESULTS/torch-part.json" "$RESULTS/jax-part.json" \
   --md "$RESULTS/gmm-$stamp.md" --json "$RESULTS/gmm-$stamp.json"
+# The same implementations each alone and back to back (bench/clocks_gmm.py): the chip runs at its
+# power cap, and a kernel's own power draw sets its clock only when it runs alone for a while.
+if [ "${SKIP_SUSTAINED:-0}" != 1 ]; then
+  timeout 400 python3 bench/clocks_gmm.py --part sustained --lib "$BUILD/libsluice_gpu.so" \
+    --dists uniform,skewed --rounds 1 --out "$RESULTS/sustained-$stamp.json" >/dev/null
+  python3 bench/clocks_gmm.py --table "$RESULTS/sustained-$stamp.json" --md "$RESULTS/sustained-$stamp.md"
+fi
 if command -v cuobjdump >/dev/null; then
   cuobjdump --dump-resource-usage "$BUILD/libsluice_gpu.so" 2>&1 | grep -E "Function|REG" |
     paste - - | sed -E 's/ +/ /g' >"$RESULTS/resource-usage-$stamp.txt"

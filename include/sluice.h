@@ -123,7 +123,8 @@ sl_status sl_tgmm_cpu(const sl_gmm_desc *desc, const void *lhs, const void *rhs,
 /* CUDA grouped GEMM. Device pointers, stream-ordered on `stream` (a cudaStream_t), no host sync
  * (unless SLUICE_DEBUG=1). Picks the kernel by the current device's compute capability: sm_90 gets
  * the wgmma/TMA kernel, sm_80 and up the mma.sync kernel. `workspace` is device memory of at least
- * sl_gmm_cuda_workspace_size() bytes (O(batch * G)), or NULL to let the call use none where it can.
+ * sl_gmm_cuda_workspace_size() bytes (O(batch * G): a group table and a tile counter), or NULL to
+ * let the call use none where it can (on sm_90 the tiles are then handed out by a fixed stride).
  * The size is linear in desc->batch (batch * the size for batch 1), so a caller that sizes it for
  * one problem and then batches (vmap) stays correct.
  * Returns SL_STATUS_UNSUPPORTED when the library was built without CUDA. */

@@ -25,6 +25,7 @@ struct GmmArgs {
   const int32_t *group_sizes;  /* device int32 [num_groups] */
   const int32_t *group_offset; /* device int32 [1] or NULL */
   int *table;                  /* device workspace for the group table, or NULL: built in smem */
+  int *counter;                /* device int in the workspace (sm90 V_DYN's tile counter) or NULL */
   int m, k, n;
   int num_groups, num_local_groups;
   sl_dtype in_dtype, out_dtype;

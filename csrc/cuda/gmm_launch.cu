@@ -70,6 +70,8 @@ int forced_sm90_variant(bool tgmm) {
   return v[tgmm];
 }
 
+constexpr size_t kCounterBytes = 16; /* the workspace's tail: GmmArgs::counter */
+
 size_t table_bytes(const sl_gmm_desc *d) {
   size_t b = (size_t)sluice_cuda::table_ints((int)d->num_local_groups) * sizeof(int);
   return (b + 255) & ~(size_t)255;
@@ -164,6 +166,8 @@ sl_status run(const char *op, bool tgmm, const sl_gmm_desc *d, const void *lhs, 
     a.group_sizes = group_sizes + b * G;
     a.group_offset = group_offset ? group_offset + b : NULL;
     a.table = big_table ? (int *)workspace : NULL;
+    /* after the table: the sm90 kernel's tile counter (zeroed by its launcher before each use) */
+    a.counter = workspace ? (int *)((char *)workspace + table_bytes(d)) : NULL;
     a.m = (int)M, a.k = (int)K, a.n = (int)N;
     a.num_groups = (int)G, a.num_local_groups = (int)GL;
     a.in_dtype = d->lhs_dtype, a.out_dtype = d->out_dtype;
@@ -196,7 +200,7 @@ size_t sl_gmm_cuda_workspace_size(const sl_gmm_desc *desc) {
   if (desc == NULL || desc->struct_size < sizeof(sl_gmm_desc) || desc->num_local_groups < 0 ||
       desc->num_local_groups > INT32_MAX / 4)
     return 0;
-  return table_bytes(desc);
+  return table_bytes(desc) + kCounterBytes;
 }
 
 sl_status sl_gmm_cuda(const sl_gmm_desc *desc, const void *lhs, const void *rhs,

@@ -79,9 +79,10 @@ static_assert(
  * In every variant the tgmm rows past a group's end are zeroed by warps 1-3 of the producer
  * warpgroup as soon as the block lands, off the consumers' path; consumers wait for a per-stage
  * "fixed" barrier on those blocks only. */
-enum Variant { V_BASE = 0, V_TMA_C = 2, V_TMA_CS = 4, V_PP = 5, V_MC = 6, V_AHS = 11 };
+enum Variant { V_BASE = 0, V_TMA_C = 2, V_TMA_CS = 4, V_PP = 5, V_MC = 6, V_AHS = 11, V_DYN = 14 };
 __host__ __device__ constexpr bool is_variant(int v) {
-  return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_PP || v == V_MC || v == V_AHS;
+  return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_PP || v == V_MC || v == V_AHS ||
+         v == V_DYN;
 }
 /* V_AHS: V_TMA_CS with less work at tile boundaries, where both consumer warpgroups leave the
  * tensor pipe idle together (dev/cuda/trace.sh measured ~1000-1600 cycles of head - decoding the
@@ -91,7 +92,19 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * cycles). The epilogue is staged with stmatrix (a quarter of the shared-memory store
  * instructions; the output dtype branch taken once per tile). The default for 16-bit outputs,
  * gmm and tgmm: +1-3% gmm, +1-5% tgmm over V_TMA_CS (harness, 2026-11-22, session 4). */
-__host__ __device__ constexpr bool has_ahead(int v) { return v == V_AHS; }
+/* V_DYN: V_AHS with tiles handed out at run time instead of by a fixed stride. With a stride
+ * (CTA c takes tiles c, c + grid, ...) the CTAs that share an operand drift apart over a kernel's
+ * tiles (SMs do not run at one speed), and the operand is read from DRAM again by the late ones:
+ * on dsv3-gateup gmm V_AHS read 6.0 GB from DRAM where the inputs are 2.35 GB (Nsight Compute,
+ * 2026-11-22), and the extra DRAM traffic costs power, which is what bounds these kernels (the
+ * chip runs at its 700 W cap, clocks fall to ~1.3-1.5 GHz). Here each CTA's first tile is its
+ * index and every later one is claimed with an atomic add on a counter in the workspace (zeroed
+ * by the launcher), so the tiles in flight are always about one grid's worth of consecutive
+ * tiles and operands are shared while they are in L2. The producer thread claims one tile ahead
+ * and passes each tile index (then an end mark) to the consumers and fixers through a small ring
+ * in shared memory guarded by mbarriers. Needs the workspace's counter; without one, V_AHS runs. */
+__host__ __device__ constexpr bool is_dyn(int v) { return v == V_DYN; }
+__host__ __device__ constexpr bool has_ahead(int v) { return v == V_AHS || v == V_DYN; }
 __host__ __device__ constexpr bool has_tma_c(int v) { return v != V_BASE; }
 __host__ __device__ constexpr bool is_pp(int v) { return v == V_PP; }
 __host__ __device__ constexpr bool has_skip(int v) { return v == V_TMA_CS || v >= V_PP; }
@@ -103,9 +116,11 @@ __host__ __device__ constexpr int stage_bytes_of(int v) { return A_BYTES + bn_of
 __host__ __device__ constexpr int c_bytes_of(int v) {
   return is_pp(v) ? 2 * 64 * 128 * 2 : has_tma_c(v) ? C_BYTES : 0;
 }
+constexpr int RING = 4; /* V_DYN: tile indices in flight from the producer to the others */
 __host__ __device__ constexpr size_t pipe_bytes(int v) {
   return 1024 /* alignment slack */ + (size_t)stages_of(v) * stage_bytes_of(v) + c_bytes_of(v) +
-         4 * stages_of(v) * 8 + 2 * 8 /* V_PP's turn barriers */;
+         4 * stages_of(v) * 8 + 2 * 8 /* V_PP's turn barriers */ +
+         (is_dyn(v) ? RING * (8 + 8 + 4) : 0) /* V_DYN's ring: two barriers and an int a slot */;
 }
 /* tgmm: the last contraction block of a group holds rv valid rows (1..64); rows [rv, fix_end)
  * belong to the next group (or are TMA zeros past M) and must be zeroed before the wgmma reads
@@ -288,6 +303,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr bool WAIT1 = VARIANT != V_BASE; /* one k-block of wgmmas in flight */
   constexpr bool TMA_C = has_tma_c(VARIANT);
   constexpr bool AHEAD = has_ahead(VARIANT); /* V_AHS: also the stmatrix epilogue */
+  constexpr bool DYN = is_dyn(VARIANT);
   constexpr int TBN = bn_of(VARIANT), NB = TBN / 64; /* tile columns, 64-column B boxes */
   constexpr int SBYTES = stage_bytes_of(VARIANT);
   constexpr int PAIR = cluster_of(VARIANT); /* CTAs per cluster, tiles per scheduled unit */
@@ -305,6 +321,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   const uint32_t issued0 =
       fixed0 + STAGES * 8;                     /* tgmm: producer issued a block that needs fixing */
   const uint32_t turn0 = issued0 + STAGES * 8; /* V_PP: turn0 + 8 * cw, warpgroup cw's turn */
+  /* V_DYN's ring: slot r holds a tile index (ring0 + 4r), filled (tfull0 + 8r, the producer
+   * arrives) and read by every consumer and fixer thread (tempty0 + 8r, each arrives) */
+  const uint32_t tfull0 = turn0 + 16, tempty0 = tfull0 + RING * 8, ring0 = tempty0 + RING * 8;
 
   /* units of work per group: (row blocks / PM) x column blocks */
   const int tiles_n = (a.n + TBN - 1) / TBN, tiles_k = (a.k + BM - 1) / BM;
@@ -329,6 +348,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     /* V_PP: all 128 threads of the other consumer warpgroup have seen its last block land */
     mbar_init(turn0, 128);
     mbar_init(turn0 + 8, 128);
+    if constexpr (DYN) {
+      for (int r = 0; r < RING; ++r) {
+        mbar_init(tfull0 + 8 * r, 1);
+        mbar_init(tempty0 + 8 * r, 32 * (8 + (TGMM ? 3 : 0))); /* consumer, fixer threads */
+      }
+    }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   if (!TGMM) zero_outside_rows(a, tab[0], tab[1]);
@@ -362,6 +387,19 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int rv = rows - (nk - 1) * BK;
     return TGMM && nk > 0 && rv < fix_end(VARIANT, rv);
   };
+  /* V_DYN: the next tile index from the ring (called by every consumer and fixer thread, in
+   * tile order; an index >= total_tiles ends the CTA's work). Each thread hands the slot back
+   * itself after its read, so no read can meet the producer's next write to the slot. */
+  int ring_slot = 0;
+  uint32_t ring_phase = 0;
+  auto ring_get = [&]() {
+    mbar_wait(tfull0 + 8 * ring_slot, ring_phase);
+    int v;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(ring0 + 4 * ring_slot) : "memory");
+    mbar_arrive(tempty0 + 8 * ring_slot);
+    if (++ring_slot == RING) ring_slot = 0, ring_phase ^= 1;
+    return v;
+  };
 
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
@@ -371,7 +409,30 @@ __global__ void __launch_bounds__(THREADS, 1)
       uint32_t phase = 0;
       SL_TR_DECL;
       SL_TR(p_begin);
-      for (int t = cid; t < total_tiles; t += ncl) {
+      /* V_DYN: publish a tile index into the ring; claim the tile after next early, so the
+       * atomic's latency hides behind a tile of loads */
+      int claim = 0;
+      auto ring_put = [&](int v) {
+        mbar_wait(tempty0 + 8 * ring_slot, ring_phase ^ 1);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ring0 + 4 * ring_slot), "r"(v) : "memory");
+        mbar_arrive(tfull0 + 8 * ring_slot);
+        if (++ring_slot == RING) ring_slot = 0, ring_phase ^= 1;
+      };
+      auto next_tile = [&](int t) {
+        if constexpr (DYN) {
+          t = claim;
+          ring_put(t);
+          if (t < total_tiles) claim = ncl + atomicAdd(a.counter, 1);
+          return t;
+        } else {
+          return t + ncl;
+        }
+      };
+      if constexpr (DYN) {
+        claim = ncl + atomicAdd(a.counter, 1);
+        ring_put(cid);
+      }
+      for (int t = cid; t < total_tiles; t = next_tile(t)) {
         int j, m0, n0, nk, gs, ge;
         decode(t, j, m0, n0, nk, gs, ge);
         const bool fix = needs_fix(nk, ge - gs);
@@ -438,7 +499,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       long long blk = 0;         /* k-blocks issued so far, as the producer counts them */
       uint32_t issued_phase = 0; /* bit s: parity of stage s's next "issued" phase */
       SL_TR_DECL;
-      for (int t = cid; t < total_tiles; t += ncl) {
+      for (int t = DYN ? ring_get() : cid; t < total_tiles; t = DYN ? ring_get() : t + ncl) {
         int j, m0, n0, nk, gs, ge;
         decode(t, j, m0, n0, nk, gs, ge);
         if (needs_fix(nk, ge - gs)) {
@@ -657,19 +718,22 @@ __global__ void __launch_bounds__(THREADS, 1)
     /* AHEAD: the next tile, decoded while the current one's last k-block drains; the
      * accumulators are defined once here and then left to scale_d = 0 on a tile's first wgmma */
     int nj = 0, nm0 = 0, nn0 = 0, nnk = 0, ngs = 0, nge = 0;
+    int tn = DYN ? ring_get() : cid; /* the next tile */
     if constexpr (AHEAD) {
-      if (cid < total_tiles) decode(cid, nj, nm0, nn0, nnk, ngs, nge);
+      if (tn < total_tiles) decode(tn, nj, nm0, nn0, nnk, ngs, nge);
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     }
-    for (int t = cid; t < total_tiles; t += ncl) {
+    for (int t = tn; t < total_tiles; t = tn) {
       int j, m0, n0, nk, gs, ge;
       if constexpr (AHEAD)
         j = nj, m0 = nm0, n0 = nn0, nk = nnk, gs = ngs, ge = nge;
       else
         decode(t, j, m0, n0, nk, gs, ge);
+      /* every path through a tile calls this once */
       auto decode_next = [&]() {
-        if (AHEAD && t + ncl < total_tiles) decode(t + ncl, nj, nm0, nn0, nnk, ngs, nge);
+        tn = DYN ? ring_get() : t + ncl;
+        if (AHEAD && tn < total_tiles) decode(tn, nj, nm0, nn0, nnk, ngs, nge);
       };
       const bool fix = needs_fix(nk, ge - gs);
 #ifdef SLUICE_SM90_TRACE
@@ -954,6 +1018,12 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   }
   if (!ok) return SL_STATUS_UNSUPPORTED; /* the caller falls back to the portable kernel */
 
+  if (is_dyn(VARIANT)) { /* the tile counter starts at 0 in every launch */
+    const cudaError_t e = cudaMemsetAsync(a.counter, 0, sizeof(int), stream);
+    if (e != cudaSuccess)
+      return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): tile counter: %s",
+                          cudaGetErrorString(e));
+  }
   auto kernel = gmm_kernel<T, TGMM, TRANS_B, VARIANT>;
   const size_t smem =
       pipe_bytes(VARIANT) + (a.table ? 0 : table_ints(a.num_local_groups) * sizeof(int));
@@ -1024,11 +1094,12 @@ static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
 /* The variant that runs: `variant` if given (-1: the default for these arguments), or
  * SL_STATUS_UNSUPPORTED's -2 when the given one cannot run them. */
 /* The defaults for 16-bit outputs (dev/NOTES.md has the measurements behind them). */
-constexpr int kDefaultGmm = V_AHS, kDefaultTgmm = V_AHS;
+constexpr int kDefaultGmm = V_DYN, kDefaultTgmm = V_AHS;
 
 static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
-  if (variant < 0) return tma_c_ok(a) ? (tgmm ? kDefaultTgmm : kDefaultGmm) : V_BASE;
+  if (variant < 0) variant = tma_c_ok(a) ? (tgmm ? kDefaultTgmm : kDefaultGmm) : V_BASE;
   if (!is_variant(variant) || (has_tma_c(variant) && !tma_c_ok(a))) return -2;
+  if (is_dyn(variant) && a.counter == nullptr) return V_AHS; /* no workspace for the counter */
   return variant;
 }
 
@@ -1040,6 +1111,7 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     case V_TMA_CS: return launch_v<T, V_TMA_CS>(a, tgmm, num_sms, s);
     case V_PP: return launch_v<T, V_PP>(a, tgmm, num_sms, s);
     case V_AHS: return launch_v<T, V_AHS>(a, tgmm, num_sms, s);
+    case V_DYN: return launch_v<T, V_DYN>(a, tgmm, num_sms, s);
     default: {
       /* V_MC; clusters that cannot be placed: the same kernel without them */
       const sl_status st = launch_v<T, V_MC>(a, tgmm, num_sms, s);
