@@ -49,6 +49,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--out", default=None)
+    p.add_argument("--skip-ragged", action="store_true",
+                   help="time sluice only (A/B runs of kernel variants through SLUICE_*_VARIANT)")
     args = p.parse_args()
     rng = np.random.default_rng(0)
     dev = jax.devices()[0]
@@ -73,6 +75,10 @@ def main():
             t_s = timeit(gs_f, a, args.reps)
             case = {"shape": name, "dist": dist, "m": m, "g": g, "h": h, "f": f,
                     "sluice_ms": t_s * 1e3, "sluice_tflops": flops / t_s / 1e12}
+            if args.skip_ragged:
+                print(f"{name:12s} {dist:8s} {t_s*1e3:10.2f} {'-':>10s} {flops/t_s/1e12:12.1f}")
+                results["cases"].append(case)
+                continue
             try:
                 t_r = timeit(rd_f, a, max(3, args.reps // 3))
                 ga, gb = gs_f(*a), rd_f(*a)

@@ -1094,7 +1094,7 @@ static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
 /* The variant that runs: `variant` if given (-1: the default for these arguments), or
  * SL_STATUS_UNSUPPORTED's -2 when the given one cannot run them. */
 /* The defaults for 16-bit outputs (dev/NOTES.md has the measurements behind them). */
-constexpr int kDefaultGmm = V_DYN, kDefaultTgmm = V_AHS;
+constexpr int kDefaultGmm = V_DYN, kDefaultTgmm = V_DYN;
 
 static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   if (variant < 0) variant = tma_c_ok(a) ? (tgmm ? kDefaultTgmm : kDefaultGmm) : V_BASE;
