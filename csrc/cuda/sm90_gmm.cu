@@ -90,8 +90,9 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * of wgmma on a dsv3 tgmm tile). The next tile is decoded while the last k-block drains, and the
  * first wgmma of a tile runs with scale_d = 0 instead of on zeroed accumulators (head ~250
  * cycles). The epilogue is staged with stmatrix (a quarter of the shared-memory store
- * instructions; the output dtype branch taken once per tile). The default for 16-bit outputs,
- * gmm and tgmm: +1-3% gmm, +1-5% tgmm over V_TMA_CS (harness, 2026-11-22, session 4). */
+ * instructions; the output dtype branch taken once per tile). +1-3% gmm, +1-5% tgmm over V_TMA_CS
+ * (harness, 2026-11-22, session 4); the default of both ops until V_DYN, and still what runs when
+ * V_DYN has no workspace for its counter. */
 /* V_DYN: V_AHS with tiles handed out at run time instead of by a fixed stride. With a stride
  * (CTA c takes tiles c, c + grid, ...) the CTAs that share an operand drift apart over a kernel's
  * tiles (SMs do not run at one speed), and the operand is read from DRAM again by the late ones:
@@ -102,7 +103,9 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * by the launcher), so the tiles in flight are always about one grid's worth of consecutive
  * tiles and operands are shared while they are in L2. The producer thread claims one tile ahead
  * and passes each tile index (then an end mark) to the consumers and fixers through a small ring
- * in shared memory guarded by mbarriers. Needs the workspace's counter; without one, V_AHS runs. */
+ * in shared memory guarded by mbarriers. Needs the workspace's counter; without one, V_AHS runs.
+ * The default of both ops since session 5: DRAM reads 5.5 -> 3.0 GB and +5% alone under load on
+ * dsv3-gateup gmm, tgmm +2-10% on skewed sizes (dev/NOTES.md, session 5). */
 __host__ __device__ constexpr bool is_dyn(int v) { return v == V_DYN; }
 __host__ __device__ constexpr bool has_ahead(int v) { return v == V_AHS || v == V_DYN; }
 __host__ __device__ constexpr bool has_tma_c(int v) { return v != V_BASE; }
