@@ -115,6 +115,14 @@ def _round(v):
     return round(v, 3) if isinstance(v, float) else v
 
 
+def _shapes(args):
+    return [s for s in SHAPES if not args.shapes or s.name in args.shapes.split(",")]
+
+
+def _impls(args, calls):
+    return args.impls.split(",") if args.impls else list(calls)
+
+
 def part_sustained(args):
     import torch
 
@@ -128,15 +136,18 @@ def part_sustained(args):
         check=False,
     ).stdout.strip()
     rows = []
-    shapes = [s for s in SHAPES if not args.shapes or s.name in args.shapes.split(",")]
-    for zeros in (False, True) if args.zeros else (False,):
-        for shape in shapes:
+    shapes = _shapes(args)
+    # (zeros, shapes, distributions, implementations kept): zeros make their point on one shape
+    # against one peer
+    passes = [(False, shapes, args.dists.split(","), None)]
+    if args.zeros:
+        passes.append((True, shapes[:1], ["uniform"], ("sluice_gmm", "cublas_dense")))
+    for zeros, pass_shapes, dists, keep in passes:
+        for shape in pass_shapes:
             sc = ShapeCalls(lib, shape, zeros=zeros)
-            for dist in args.dists.split(",") if not zeros else ["uniform"]:
+            for dist in dists:
                 calls, _ = sc.calls(group_sizes(shape, dist, seed=0))
-                names = args.impls.split(",") if args.impls else list(calls)
-                if zeros:  # the point is made by one shape and one peer
-                    names = [n for n in names if n in ("sluice_gmm", "cublas_dense")]
+                names = [n for n in _impls(args, calls) if keep is None or n in keep]
                 for rnd in range(args.rounds):
                     for name in names:
                         r = sustained(calls[name], sc.flops, args.seconds, sampler)
@@ -146,8 +157,6 @@ def part_sustained(args):
                 del calls
             del sc
             torch.cuda.empty_cache()
-        if zeros is False and args.zeros:
-            shapes = shapes[:1]
     sampler.stop()
     meta = {
         "device": torch.cuda.get_device_name(),
@@ -168,12 +177,10 @@ def part_ncu(args):
     import torch
 
     lib = open_lib(args.lib)
-    shapes = [s for s in SHAPES if not args.shapes or s.name in args.shapes.split(",")]
-    for shape in shapes:
+    for shape in _shapes(args):
         sc = ShapeCalls(lib, shape)
         calls, _ = sc.calls(group_sizes(shape, "uniform", seed=0))
-        names = args.impls.split(",") if args.impls else list(calls)
-        for fn in (calls[n] for n in names):
+        for fn in (calls[n] for n in _impls(args, calls)):
             for _ in range(3):
                 fn()
             torch.cuda.synchronize()
