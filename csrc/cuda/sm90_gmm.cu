@@ -79,10 +79,19 @@ static_assert(
  * In every variant the tgmm rows past a group's end are zeroed by warps 1-3 of the producer
  * warpgroup as soon as the block lands, off the consumers' path; consumers wait for a per-stage
  * "fixed" barrier on those blocks only. */
-enum Variant { V_BASE = 0, V_TMA_C = 2, V_TMA_CS = 4, V_PP = 5, V_MC = 6, V_AHS = 11, V_DYN = 14 };
+enum Variant {
+  V_BASE = 0,
+  V_TMA_C = 2,
+  V_TMA_CS = 4,
+  V_PP = 5,
+  V_MC = 6,
+  V_AHS = 11,
+  V_DYN = 14,
+  V_FB = 18
+};
 __host__ __device__ constexpr bool is_variant(int v) {
   return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_PP || v == V_MC || v == V_AHS ||
-         v == V_DYN;
+         v == V_DYN || v == V_FB;
 }
 /* V_AHS: V_TMA_CS with less work at tile boundaries, where both consumer warpgroups leave the
  * tensor pipe idle together (dev/cuda/trace.sh measured ~1000-1600 cycles of head - decoding the
@@ -104,10 +113,19 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * tiles and operands are shared while they are in L2. The producer thread claims one tile ahead
  * and passes each tile index (then an end mark) to the consumers and fixers through a small ring
  * in shared memory guarded by mbarriers. Needs the workspace's counter; without one, V_AHS runs.
- * The default of both ops since session 5: DRAM reads 5.5 -> 3.0 GB and +5% alone under load on
- * dsv3-gateup gmm, tgmm +2-10% on skewed sizes (dev/NOTES.md, session 5). */
-__host__ __device__ constexpr bool is_dyn(int v) { return v == V_DYN; }
-__host__ __device__ constexpr bool has_ahead(int v) { return v == V_AHS || v == V_DYN; }
+ * The default of both ops in session 5: DRAM reads 5.5 -> 3.0 GB and +5% alone under load on
+ * dsv3-gateup gmm, tgmm +2-10% on skewed sizes (dev/NOTES.md, session 5). V_FB (below) is V_DYN
+ * with fewer TMA instructions, the default since session 6. */
+/* V_FB: V_DYN whose producer loads a stage's B (and tgmm's A) with one TMA copy of a 3-d or 4-d
+ * box instead of one copy per 64-column box: the tensor is viewed with its contiguous dimension
+ * split into 64-element blocks (dims {64, rows, cols/64[, G]}), so the box {64, 64, 4} lands as the
+ * same four 128B-swizzled 8 KB boxes. 2 TMA instructions per k-block instead of 5 (gmm) or 6
+ * (tgmm). Needs the split dimension to be a multiple of 64 (else the view would alias the next
+ * row instead of zero-filling): otherwise V_DYN runs. The default of both ops since session 6:
+ * gmm level with V_DYN (0.99-1.01x), tgmm +0.2-1.8% in all 16 harness cases (2026-11-24). */
+__host__ __device__ constexpr bool has_fused_boxes(int v) { return v == V_FB; }
+__host__ __device__ constexpr bool is_dyn(int v) { return v == V_DYN || v == V_FB; }
+__host__ __device__ constexpr bool has_ahead(int v) { return v == V_AHS || is_dyn(v); }
 __host__ __device__ constexpr bool has_tma_c(int v) { return v != V_BASE; }
 __host__ __device__ constexpr bool is_pp(int v) { return v == V_PP; }
 __host__ __device__ constexpr bool has_skip(int v) { return v == V_TMA_CS || v >= V_PP; }
@@ -307,6 +325,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr bool TMA_C = has_tma_c(VARIANT);
   constexpr bool AHEAD = has_ahead(VARIANT); /* V_AHS: also the stmatrix epilogue */
   constexpr bool DYN = is_dyn(VARIANT);
+  constexpr bool FB = has_fused_boxes(VARIANT); /* (gmm with transpose_rhs: nothing to fuse) */
   constexpr int TBN = bn_of(VARIANT), NB = TBN / 64; /* tile columns, 64-column B boxes */
   constexpr int SBYTES = stage_bytes_of(VARIANT);
   constexpr int PAIR = cluster_of(VARIANT); /* CTAs per cluster, tiles per scheduled unit */
@@ -470,6 +489,10 @@ __global__ void __launch_bounds__(THREADS, 1)
                   tma_load_3d_mc(sb + i * BOX_BYTES, &map_b, n0 + 64 * i, k0, j, full, 3);
               }
             }
+          } else if (TGMM && FB) {
+            const int r0 = gs + kb * BK;
+            tma_load_3d(sa, &map_a, 0, r0, m0 / 64, full);
+            tma_load_3d(sb, &map_b, 0, r0, n0 / 64, full);
           } else if (TGMM) {
             const int r0 = gs + kb * BK;
             tma_load_2d(sa, &map_a, m0, r0, full);
@@ -482,6 +505,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             tma_load_2d(sa, &map_a, k0, m0, full);
             if (TRANS_B) {
               tma_load_3d(sb, &map_b, k0, n0, j, full);
+            } else if (FB) {
+              tma_load_4d(sb, &map_b, 0, k0, n0 / 64, j, full);
             } else {
 #pragma unroll
               for (int i = 0; i < NB; ++i)
@@ -968,8 +993,8 @@ static bool make_map(CUtensorMap *map, const void *ptr, sl_dtype dt, int rank, c
                      const uint64_t *strides_bytes, const uint32_t *box) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
   if (encode == nullptr) return false;
-  cuuint64_t d[3], st[2];
-  cuuint32_t b[3], es[3] = {1, 1, 1};
+  cuuint64_t d[4], st[3];
+  cuuint32_t b[4], es[4] = {1, 1, 1, 1};
   for (int i = 0; i < rank; ++i) d[i] = dims[i], b[i] = box[i];
   for (int i = 0; i + 1 < rank; ++i) st[i] = strides_bytes[i];
   CUresult r = encode(
@@ -992,7 +1017,16 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   const uint64_t M = a.m, K = a.k, N = a.n, GL = a.num_local_groups;
   const uint32_t box64[3] = {64, 64, 1};
   bool ok;
-  if (TGMM) {
+  const uint32_t box_fa[3] = {64, 64, 2}, box_fb[4] = {64, 64, 4, 1};
+  if (TGMM && has_fused_boxes(VARIANT)) {
+    /* lhs [M, K] as {64, M, K/64}, rhs [M, N] as {64, M, N/64} (resolve_variant: K, N % 64 == 0) */
+    const uint64_t da[3] = {64, M, K / 64}, sa[2] = {K * 2, 128};
+    const uint64_t db[3] = {64, M, N / 64}, sb[2] = {N * 2, 128};
+    ok = make_map(&ma, a.lhs, a.in_dtype, 3, da, sa, box_fa) &&
+         make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, box_fb);
+    const uint64_t dc[3] = {N, K, GL}, sc[2] = {N * 2, K * N * 2};
+    ok = ok && make_map(&mc, a.out, a.out_dtype, 3, dc, sc, box64);
+  } else if (TGMM) {
     const uint64_t da[2] = {K, M}, sa[1] = {K * 2}, db[2] = {N, M}, sb[1] = {N * 2};
     ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, box64) &&
          make_map(&mb, a.rhs, a.in_dtype, 2, db, sb, box64);
@@ -1010,6 +1044,10 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
       const uint32_t boxb[3] = {
           64, (uint32_t)(bn_of(VARIANT) / cluster_of(VARIANT)), 1};
       ok = ok && make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, boxb);
+    } else if (has_fused_boxes(VARIANT)) {
+      /* rhs [G, K, N] as {64, K, N/64, G} (resolve_variant: N % 64 == 0) */
+      const uint64_t db[4] = {64, K, N / 64, GL}, sb[3] = {N * 2, 128, K * N * 2};
+      ok = ok && make_map(&mb, a.rhs, a.in_dtype, 4, db, sb, box_fb);
     } else {
       const uint64_t db[3] = {N, K, GL}, sb[2] = {N * 2, K * N * 2};
       ok = ok && make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, box64);
@@ -1097,12 +1135,13 @@ static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
 /* The variant that runs: `variant` if given (-1: the default for these arguments), or
  * SL_STATUS_UNSUPPORTED's -2 when the given one cannot run them. */
 /* The defaults for 16-bit outputs (dev/NOTES.md has the measurements behind them). */
-constexpr int kDefaultGmm = V_DYN, kDefaultTgmm = V_DYN;
+constexpr int kDefaultGmm = V_FB, kDefaultTgmm = V_FB;
 
 static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   if (variant < 0) variant = tma_c_ok(a) ? (tgmm ? kDefaultTgmm : kDefaultGmm) : V_BASE;
   if (!is_variant(variant) || (has_tma_c(variant) && !tma_c_ok(a))) return -2;
   if (is_dyn(variant) && a.counter == nullptr) return V_AHS; /* no workspace for the counter */
+  if (has_fused_boxes(variant) && (a.n % 64 || (tgmm && a.k % 64))) return V_DYN;
   return variant;
 }
 
@@ -1115,6 +1154,7 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     case V_PP: return launch_v<T, V_PP>(a, tgmm, num_sms, s);
     case V_AHS: return launch_v<T, V_AHS>(a, tgmm, num_sms, s);
     case V_DYN: return launch_v<T, V_DYN>(a, tgmm, num_sms, s);
+    case V_FB: return launch_v<T, V_FB>(a, tgmm, num_sms, s);
     default: {
       /* V_MC; clusters that cannot be placed: the same kernel without them */
       const sl_status st = launch_v<T, V_MC>(a, tgmm, num_sms, s);

@@ -58,6 +58,15 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void *map, int c
       : "memory");
 }
 
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, int c0, int c1, int c2,
+                                            int c3, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
 /* 2-CTA clusters: the same box lands at the same shared-memory offset of every CTA in `mask`,
  * completing bytes on the mbarrier at the same offset in each. */
 __device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const void *map, int c0, int c1,
