@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/sweep-out}
 mkdir -p "$OUT"
 export BUILD=${BUILD:-build-gpu}
-VERS=${HARNESS_VERSIONS:-16,13}
+VERS=${HARNESS_VERSIONS:-20,16}
 t0=$(date +%s)
 el() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$OUT/summary.txt"; }
 LOGS="$BUILD/logs"

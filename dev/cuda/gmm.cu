@@ -30,7 +30,8 @@
  *  warps, off the consumers' path.)
  *
  * Run: ./gmm [versions]   versions: "all", or a comma-separated list of versions to time (default
- * 16,13: 16 is the gmm default, 13 the tgmm default; 1, 2, 7 and 8 are known slower, dev/NOTES.md).
+ * 20,16: 20 is the default of both ops, 16 the one before it; 1, 2, 7 and 8 are known slower,
+ * dev/NOTES.md).
  * The timings interleave the versions, so they share one power state: a version that draws more
  * power per flop than another is not seen here; bench/clocks_gmm.py runs each alone (session 5).
  * Every version is checked for correctness whatever the list.
@@ -217,7 +218,7 @@ int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "all")) {
     for (int v = 1; v <= kVersions; ++v) want[v] = true;
   } else {
-    const char *list = argc > 1 ? argv[1] : "16,13";
+    const char *list = argc > 1 ? argv[1] : "20,16";
     for (const char *c = list; *c;) {
       const int v = atoi(c);
       if (v >= 1 && v <= kVersions) want[v] = true;

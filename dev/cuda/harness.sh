@@ -17,9 +17,9 @@ else
 fi
 q="name,clocks.sm,power.draw,power.limit,temperature.gpu,clocks_event_reasons.active"
 nvidia-smi --query-gpu=$q --format=csv >"$OUT/smi.txt" 2>&1
-timeout 120 "$BUILD/gmm" "${GMM_VERSIONS:-16}" >"$OUT/harness-gmm.txt" 2>&1
+timeout 120 "$BUILD/gmm" "${GMM_VERSIONS:-20,16}" >"$OUT/harness-gmm.txt" 2>&1
 echo "gmm rc=$?" >>"$OUT/harness-gmm.txt"
-timeout 120 "$BUILD/tgmm" "${TGMM_VERSIONS:-16}" >"$OUT/harness-tgmm.txt" 2>&1
+timeout 120 "$BUILD/tgmm" "${TGMM_VERSIONS:-20,16}" >"$OUT/harness-tgmm.txt" 2>&1
 echo "tgmm rc=$?" >>"$OUT/harness-tgmm.txt"
 nvidia-smi --query-gpu=$q --format=csv,noheader >>"$OUT/smi.txt" 2>&1
 cat "$OUT/harness-gmm.txt" "$OUT/harness-tgmm.txt" "$OUT/smi.txt"
