@@ -489,17 +489,18 @@ __global__ void __launch_bounds__(THREADS, 1)
                   tma_load_3d_mc(sb + i * BOX_BYTES, &map_b, n0 + 64 * i, k0, j, full, 3);
               }
             }
-          } else if (TGMM && FB) {
-            const int r0 = gs + kb * BK;
-            tma_load_3d(sa, &map_a, 0, r0, m0 / 64, full);
-            tma_load_3d(sb, &map_b, 0, r0, n0 / 64, full);
           } else if (TGMM) {
             const int r0 = gs + kb * BK;
-            tma_load_2d(sa, &map_a, m0, r0, full);
-            tma_load_2d(sa + BOX_BYTES, &map_a, m0 + 64, r0, full);
+            if (FB) {
+              tma_load_3d(sa, &map_a, 0, r0, m0 / 64, full);
+              tma_load_3d(sb, &map_b, 0, r0, n0 / 64, full);
+            } else {
+              tma_load_2d(sa, &map_a, m0, r0, full);
+              tma_load_2d(sa + BOX_BYTES, &map_a, m0 + 64, r0, full);
 #pragma unroll
-            for (int i = 0; i < NB; ++i)
-              tma_load_2d(sb + i * BOX_BYTES, &map_b, n0 + 64 * i, r0, full);
+              for (int i = 0; i < NB; ++i)
+                tma_load_2d(sb + i * BOX_BYTES, &map_b, n0 + 64 * i, r0, full);
+            }
           } else {
             const int k0 = kb * BK;
             tma_load_2d(sa, &map_a, k0, m0, full);
@@ -1018,18 +1019,18 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   const uint32_t box64[3] = {64, 64, 1};
   bool ok;
   const uint32_t box_fa[3] = {64, 64, 2}, box_fb[4] = {64, 64, 4, 1};
-  if (TGMM && has_fused_boxes(VARIANT)) {
-    /* lhs [M, K] as {64, M, K/64}, rhs [M, N] as {64, M, N/64} (resolve_variant: K, N % 64 == 0) */
-    const uint64_t da[3] = {64, M, K / 64}, sa[2] = {K * 2, 128};
-    const uint64_t db[3] = {64, M, N / 64}, sb[2] = {N * 2, 128};
-    ok = make_map(&ma, a.lhs, a.in_dtype, 3, da, sa, box_fa) &&
-         make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, box_fb);
-    const uint64_t dc[3] = {N, K, GL}, sc[2] = {N * 2, K * N * 2};
-    ok = ok && make_map(&mc, a.out, a.out_dtype, 3, dc, sc, box64);
-  } else if (TGMM) {
-    const uint64_t da[2] = {K, M}, sa[1] = {K * 2}, db[2] = {N, M}, sb[1] = {N * 2};
-    ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, box64) &&
-         make_map(&mb, a.rhs, a.in_dtype, 2, db, sb, box64);
+  if (TGMM) {
+    if (has_fused_boxes(VARIANT)) {
+      /* lhs [M, K] as {64, M, K/64}, rhs [M, N] as {64, M, N/64} (K, N % 64 == 0) */
+      const uint64_t da[3] = {64, M, K / 64}, sa[2] = {K * 2, 128};
+      const uint64_t db[3] = {64, M, N / 64}, sb[2] = {N * 2, 128};
+      ok = make_map(&ma, a.lhs, a.in_dtype, 3, da, sa, box_fa) &&
+           make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, box_fb);
+    } else {
+      const uint64_t da[2] = {K, M}, sa[1] = {K * 2}, db[2] = {N, M}, sb[1] = {N * 2};
+      ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, box64) &&
+           make_map(&mb, a.rhs, a.in_dtype, 2, db, sb, box64);
+    }
     if (has_tma_c(VARIANT)) {
       const uint64_t dc[3] = {N, K, GL}, sc[2] = {N * 2, K * N * 2};
       ok = ok && make_map(&mc, a.out, a.out_dtype, 3, dc, sc, box64);

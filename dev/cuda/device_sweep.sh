@@ -2,9 +2,9 @@
 # One call on the GPU machine for a kernel change (dev/NOTES.md), in the order that matters most:
 #   1. build everything (tests/gpu/build.sh), unless SKIP_BUILD=1 and $BUILD holds the binaries
 #   2. harness: check every version against the CPU reference, time HARNESS_VERSIONS (gmm, tgmm)
-#      that checked correct
+#      that checked correct; HARNESS_ONLY=1 stops here (a first look at new variants)
 #   3. pick, per op, the timed candidate with the best geometric-mean speedup over the first
-#      listed version (the default) across the 12 timed cases, if it is > PICK_MIN (1.01); export
+#      listed version (the default) across the 16 timed cases, if it is > PICK_MIN (1.01); export
 #      it as SLUICE_{GMM,TGMM}_VARIANT
 #   4. GPU tests: plain with the library default, then tests/gpu/run.sh (plain, memcheck,
 #      racecheck, SLUICE_DEBUG) with the picked variants
@@ -41,6 +41,10 @@ for op in gmm tgmm; do
   fi
   el "harness $op rc=$rc"
 done
+if [ "${HARNESS_ONLY:-0}" = 1 ]; then
+  cat "$OUT/harness-gmm.txt" "$OUT/harness-tgmm.txt"
+  exit 0
+fi
 pick() { # harness output, versions to leave out -> sm90 variant number of the pick ("" = default)
   python3 - "$1" "${PICK_MIN:-1.01}" "$2" <<'PY'
 import math, sys
