@@ -47,7 +47,10 @@ class GmmDesc(ctypes.Structure):
 def time_cuda(fns, iters, warmup=3):
     """Median milliseconds of each callable in `fns`, timed with CUDA events. The callables take
     turns within every iteration, so clock drift during the run (the dense cuBLAS figure moves by
-    10-20% between runs on H200) hits them all alike and the ratios stay fair."""
+    10-20% between runs on H200) hits them all alike and the ratios stay fair. The order rotates
+    by one each iteration: the chip runs at its power cap and its clock lags the load, so a call
+    starts at the clock its predecessor left; with a fixed order each implementation would always
+    follow the same one (the same predecessor for every call of torch's forward: ours)."""
     import torch
 
     for fn in fns.values():
@@ -56,8 +59,10 @@ def time_cuda(fns, iters, warmup=3):
     torch.cuda.synchronize()
     times = {name: [] for name in fns}
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(iters):
-        for name, fn in fns.items():
+    names = list(fns)
+    for it in range(iters):
+        for name in names[it % len(names) :] + names[: it % len(names)]:
+            fn = fns[name]
             e0.record()
             fn()
             e1.record()
@@ -298,7 +303,7 @@ def merge(args):
         + ".",
         (
             f"bf16 in, f32 accumulate, bf16 out. TFLOP/s = 2*M*K*N/time; CUDA-event median of "
-            f"{tj['meta']['iters']} runs, implementations interleaved within each run (JAX: "
+            f"{tj['meta']['iters']} runs, implementations interleaved within each run, their order rotated every run (JAX: "
             f"wall-clock median of {jj['meta'].get('jax_iters', '-') if jj else '-'})."
         ),
         "Produced by bench/run_gpu.sh (bench/bench_gmm.py, shapes from bench/shapes.py).",
