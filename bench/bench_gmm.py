@@ -303,7 +303,8 @@ def merge(args):
         + ".",
         (
             f"bf16 in, f32 accumulate, bf16 out. TFLOP/s = 2*M*K*N/time; CUDA-event median of "
-            f"{tj['meta']['iters']} runs, implementations interleaved within each run, their order rotated every run (JAX: "
+            f"{tj['meta']['iters']} runs, implementations interleaved within each run, their "
+            f"order rotated every run (JAX: "
             f"wall-clock median of {jj['meta'].get('jax_iters', '-') if jj else '-'})."
         ),
         "Produced by bench/run_gpu.sh (bench/bench_gmm.py, shapes from bench/shapes.py).",
