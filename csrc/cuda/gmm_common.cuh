@@ -68,11 +68,19 @@ __device__ inline long long block_inclusive_scan(long long v, long long *warp_su
   return v;
 }
 
+/* Units of work of a tiles_m x tiles_n grid of tiles taken by pairs of CTAs (sm90 V_MD): pairs
+ * of row tiles that share a column block while two row tiles are left, then the last row tile's
+ * column blocks in pairs (the odd one out, if tiles_n is odd, pairs with a dummy). */
+__host__ __device__ inline long long pair_units(long long tiles_m, long long tiles_n) {
+  return tiles_m / 2 * tiles_n + (tiles_m & 1) * ((tiles_n + 1) / 2);
+}
+
 /* Builds the group table in `tab` (smem or global), called by every thread of a block.
- * gmm: a local group of s rows has ceil(s / bm) * tiles_n tiles; tgmm (bm == 0): every local group
- * has tiles_per_group tiles (an empty group still writes its zero tile). */
+ * gmm: a local group of s rows has ceil(s / bm) * tiles_n tiles (pairs: pair_units of them);
+ * tgmm (bm == 0): every local group has tiles_per_group tiles (an empty group still writes its
+ * zero tile). */
 __device__ inline void build_group_table(const GmmArgs &a, int *tab, int bm, int tiles_n,
-                                         int tiles_per_group) {
+                                         int tiles_per_group, bool pairs = false) {
   __shared__ long long warp_sums[32];
   const int G = a.num_groups, GL = a.num_local_groups;
   const long long M = a.m;
@@ -112,8 +120,9 @@ __device__ inline void build_group_table(const GmmArgs &a, int *tab, int bm, int
     const int j = base + threadIdx.x;
     long long t = 0;
     if (j < GL)
-      t = bm > 0 ? (long long)((end[j] - start[j] + bm - 1) / bm) * tiles_n
-                 : (long long)tiles_per_group;
+      t = bm <= 0 ? (long long)tiles_per_group
+          : pairs ? pair_units((end[j] - start[j] + bm - 1) / bm, tiles_n)
+                  : (long long)((end[j] - start[j] + bm - 1) / bm) * tiles_n;
     long long incl = block_inclusive_scan(t, warp_sums) + carry;
     if (j < GL) tile_prefix[j + 1] = (int)min(incl, (long long)INT32_MAX);
     if ((threadIdx.x & 31) == 31) warp_sums[threadIdx.x >> 5] = incl;
@@ -196,7 +205,7 @@ __device__ inline void zero_outside_rows(const GmmArgs &a, int lo, int hi) {
 sl_status sm80_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t stream);
 sl_status naive_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t stream);
 sl_status table_build_launch(const GmmArgs &a, bool tgmm, int bm, int tiles_n, int tiles_per_group,
-                             cudaStream_t stream);
+                             cudaStream_t stream, bool pairs = false);
 /* Returns SL_STATUS_UNSUPPORTED (without setting an error) when the case is not covered.
  * variant: -1 picks the fastest that applies; 0..5 force one (sm90_gmm.cu Variant, dev harness). */
 sl_status sm90_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t stream,

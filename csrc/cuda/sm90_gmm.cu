@@ -46,8 +46,8 @@ static_assert(
     "a stage is 2 A boxes and 4 B boxes of 64x64: the TMA issue and the fix-up assume it");
 
 /* Kernel variants (dev/cuda/gmm.cu times each; dev/NOTES.md has every version's prediction and
- * measurement, including the variants removed since - V_WAIT1 1, V_TMA_C0 3, V_MCN 7, V_OV 8,
- * V_4S 9 - whose numbers are not reused):
+ * measurement, including the variants removed since - V_WAIT1 1, V_TMA_C0 3, V_MC 6, V_MCN 7,
+ * V_OV 8, V_4S 9 - whose numbers are not reused):
  *   V_BASE   4 stages, each k-block's wgmmas waited before the next (wait_group 0), epilogue
  *            stores straight from registers. Any output dtype: the f32-output path.
  *   V_TMA_C  3 stages, one k-block of wgmmas in flight (wait_group 1: a stage goes back one
@@ -68,14 +68,6 @@ static_assert(
  *            staging buffer per warpgroup (the tile leaves in two 64-row passes), the V_TMA_CS
  *            skips (a gmm tile with <= 64 rows issues only its first m64 half). "Turn" barriers
  *            order the mainloops (see the consumer code). Measured 3-11% slower than V_TMA_C.
- *   V_MC     V_TMA_CS on clusters of 2 CTAs that take a pair of tiles sharing the B operand (gmm:
- *            two 128-row tiles of one group and one column block; tgmm: two 128-row blocks of
- *            out[j] and one column block). Each CTA loads its own A and half of B, multicast to
- *            both, so a CTA reads 32 KB of the 48 KB stage from L2 instead of all of it. A stage
- *            is refilled only when the consumers of both CTAs released it (they arrive on both
- *            CTAs' empty barriers). A pair's second tile past the group (or past K) is a dummy:
- *            its CTA still loads and passes the stages back, but computes and stores nothing.
- *            Measured level with V_TMA_C on uniform sizes, up to 6% (gmm) below on ragged ones.
  * In every variant the tgmm rows past a group's end are zeroed by warps 1-3 of the producer
  * warpgroup as soon as the block lands, off the consumers' path; consumers wait for a per-stage
  * "fixed" barrier on those blocks only. */
@@ -84,14 +76,15 @@ enum Variant {
   V_TMA_C = 2,
   V_TMA_CS = 4,
   V_PP = 5,
-  V_MC = 6,
   V_AHS = 11,
   V_DYN = 14,
-  V_FB = 18
+  V_FB = 18,
+  V_MD = 19,
+  V_MD4 = 20
 };
 __host__ __device__ constexpr bool is_variant(int v) {
-  return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_PP || v == V_MC || v == V_AHS ||
-         v == V_DYN || v == V_FB;
+  return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_PP || v == V_AHS || v == V_DYN ||
+         v == V_FB || v == V_MD || v == V_MD4;
 }
 /* V_AHS: V_TMA_CS with less work at tile boundaries, where both consumer warpgroups leave the
  * tensor pipe idle together (dev/cuda/trace.sh measured ~1000-1600 cycles of head - decoding the
@@ -123,25 +116,46 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * (tgmm). Needs the split dimension to be a multiple of 64 (else the view would alias the next
  * row instead of zero-filling): otherwise V_DYN runs. The default of both ops since session 6:
  * gmm level with V_DYN (0.99-1.01x), tgmm +0.2-1.8% in all 16 harness cases (2026-11-24). */
-__host__ __device__ constexpr bool has_fused_boxes(int v) { return v == V_FB; }
-__host__ __device__ constexpr bool is_dyn(int v) { return v == V_DYN || v == V_FB; }
+/* V_MD: V_FB on clusters of 2 CTAs with TMA multicast, so each operand byte a pair shares crosses
+ * from L2 once. A unit of work is a pair of tiles: two row tiles of one column block (they share
+ * B: each CTA loads its own A and one 128-column half of B, multicast to both, 32 KB of the 48 KB
+ * stage from L2 instead of 48), and for a group's last row tile when its row-tile count is odd, two
+ * column blocks of that row tile (they share A: each loads its own B and one 64-row half of A, 40
+ * KB). So no pair has a dummy half unless the column-block count is odd too. Units are claimed at
+ * run time as in V_DYN: the rank-0 producer claims and passes each index to the rank-1 producer
+ * through a mailbox in that CTA's shared memory (a remote store and a release arrive); every wait
+ * is on a local barrier. A stage goes back to the producers of both CTAs (each writes half of the
+ * other's copy). Measured (dev/NOTES.md, session 8): dsv3-gateup gmm L2 traffic -23%, cycles
+ * +2% (the old static-stride V_MC, removed: +6-9%); in turn with other kernels 0.95-1.0x of
+ * V_FB. */
+/* V_MD4: V_MD with a fourth stage, paid for by staging the output in two 64x128 passes per
+ * warpgroup (32 KB instead of 64): a stage now goes back to two producers, one across the
+ * SM-to-SM network, and the extra stage covers that latency. gmm: V_FB's cycles with V_MD's L2
+ * traffic, +1-3% alone under sustained load, 0.96-1.0x in turn; tgmm slower (the second staging
+ * pass). Not the default: the benchmark times the implementations in turn. */
+__host__ __device__ constexpr bool is_mc(int v) { return v == V_MD || v == V_MD4; }
+__host__ __device__ constexpr bool has_fused_boxes(int v) { return v == V_FB || is_mc(v); }
+__host__ __device__ constexpr bool is_dyn(int v) { return v == V_DYN || v == V_FB || is_mc(v); }
 __host__ __device__ constexpr bool has_ahead(int v) { return v == V_AHS || is_dyn(v); }
 __host__ __device__ constexpr bool has_tma_c(int v) { return v != V_BASE; }
 __host__ __device__ constexpr bool is_pp(int v) { return v == V_PP; }
 __host__ __device__ constexpr bool has_skip(int v) { return v == V_TMA_CS || v >= V_PP; }
-__host__ __device__ constexpr int cluster_of(int v) { return v == V_MC ? 2 : 1; }
+__host__ __device__ constexpr int cluster_of(int v) { return is_mc(v) ? 2 : 1; }
 __host__ __device__ constexpr int bn_of(int v) { return is_pp(v) ? 128 : BN; }
-__host__ __device__ constexpr int stages_of(int v) { return is_pp(v) ? 5 : has_tma_c(v) ? 3 : 4; }
+__host__ __device__ constexpr int stages_of(int v) {
+  return is_pp(v) ? 5 : v == V_MD4 ? 4 : has_tma_c(v) ? 3 : 4;
+}
 __host__ __device__ constexpr int stage_bytes_of(int v) { return A_BYTES + bn_of(v) * BK * 2; }
 /* TMA_C staging: the 128x256 tile (64 KB), or 64x128 per warpgroup for V_PP (2 x 16 KB). */
 __host__ __device__ constexpr int c_bytes_of(int v) {
-  return is_pp(v) ? 2 * 64 * 128 * 2 : has_tma_c(v) ? C_BYTES : 0;
+  return is_pp(v) ? 2 * 64 * 128 * 2 : v == V_MD4 ? C_BYTES / 2 : has_tma_c(v) ? C_BYTES : 0;
 }
 constexpr int RING = 4; /* V_DYN: tile indices in flight from the producer to the others */
 __host__ __device__ constexpr size_t pipe_bytes(int v) {
   return 1024 /* alignment slack */ + (size_t)stages_of(v) * stage_bytes_of(v) + c_bytes_of(v) +
          4 * stages_of(v) * 8 + 2 * 8 /* V_PP's turn barriers */ +
-         (is_dyn(v) ? RING * (8 + 8 + 4) : 0) /* V_DYN's ring: two barriers and an int a slot */;
+         (is_dyn(v) ? RING * (8 + 8 + 4) : 0) /* V_DYN's ring: two barriers and an int a slot */ +
+         (cluster_of(v) == 2 ? RING * (8 + 8 + 4) : 0) /* V_MD's mailbox, the same */;
 }
 /* tgmm: the last contraction block of a group holds rv valid rows (1..64); rows [rv, fix_end)
  * belong to the next group (or are TMA zeros past M) and must be zeroed before the wgmma reads
@@ -197,19 +211,21 @@ __device__ __forceinline__ void stage_half(const float (&acc)[NREG], uint32_t cb
     }
 }
 
-/* stage_half with stmatrix, the output type OT fixed: per pair of 8-column groups one
+/* stage_half with stmatrix, the output type OT fixed (column groups [C0, C1) only, staged from
+ * the buffer's first box on): per pair of 8-column groups one
  * stmatrix.x4 of the four 8x8 matrices (rows 0-7 / 8-15 of the warp's 16) x (groups i, i+1); lane
  * l gives the address of row l%8 of matrix l/8. The same 128B-swizzled boxes as stage_half. */
-template <typename OT, int NREG>
+template <typename OT, int NREG, int C0 = 0, int C1 = NREG / 4>
 __device__ __forceinline__ void stage_half_stsm(const float (&acc)[NREG], uint32_t cbase, int warp,
                                                 int lane) {
+  static_assert(C0 % 8 == 0, "a pass starts on a 64-column box");
   const int q = lane >> 3;                           /* the matrix this lane addresses */
   const int r = warp * 16 + (q & 1) * 8 + (lane & 7); /* its row in the 64-row half */
   const uint32_t row_base = cbase + r * 128;
 #pragma unroll
-  for (int i = 0; i < NREG / 4; i += 2) {
+  for (int i = C0; i < C1; i += 2) {
     const int c = i + (q >> 1); /* 8-column group (16-byte chunk) of this lane's matrix */
-    const uint32_t addr = row_base + (c >> 3) * BOX_BYTES + (((c & 7) ^ (r & 7)) << 4);
+    const uint32_t addr = row_base + ((c - C0) >> 3) * BOX_BYTES + (((c & 7) ^ (r & 7)) << 4);
     uint32_t p[4];
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
@@ -316,7 +332,9 @@ __device__ unsigned long long g_sm90_trace[1024][TR_N];
 template <typename T, bool TGMM, bool TRANS_B, int VARIANT>
 __global__ void __launch_bounds__(THREADS, 1)
     gmm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-               const __grid_constant__ CUtensorMap map_c, GmmArgs a) {
+               const __grid_constant__ CUtensorMap map_c,
+               const __grid_constant__ CUtensorMap map_a2,
+               const __grid_constant__ CUtensorMap map_b2, GmmArgs a) {
 #ifdef SLUICE_SM90A_DEVICE
   constexpr int STAGES = stages_of(VARIANT);
   constexpr size_t PIPE_BYTES = pipe_bytes(VARIANT);
@@ -330,7 +348,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr int SBYTES = stage_bytes_of(VARIANT);
   constexpr int PAIR = cluster_of(VARIANT); /* CTAs per cluster, tiles per scheduled unit */
   constexpr bool MC = PAIR == 2;
-  constexpr int PM = PAIR; /* tiles of a unit along M (gmm) or K (tgmm) */
   const uint32_t rank = MC ? cluster_ctarank() : 0, peer = rank ^ 1;
   const int cid = blockIdx.x / PAIR, ncl = gridDim.x / PAIR; /* cluster id and count */
   extern __shared__ __align__(1024) unsigned char smem_sm90[];
@@ -346,14 +363,18 @@ __global__ void __launch_bounds__(THREADS, 1)
   /* V_DYN's ring: slot r holds a tile index (ring0 + 4r), filled (tfull0 + 8r, the producer
    * arrives) and read by every consumer and fixer thread (tempty0 + 8r, each arrives) */
   const uint32_t tfull0 = turn0 + 16, tempty0 = tfull0 + RING * 8, ring0 = tempty0 + RING * 8;
+  /* V_MD's mailbox, used in the rank-1 CTA: slot r holds a unit index (mbox0 + 4r), filled
+   * (mfull0 + 8r, the rank-0 producer arrives remotely); rank 0's mempty0 + 8r: read (the rank-1
+   * producer arrives remotely) */
+  const uint32_t mfull0 = ring0 + RING * 4, mempty0 = mfull0 + RING * 8, mbox0 = mempty0 + RING * 8;
 
-  /* units of work per group: (row blocks / PM) x column blocks */
+  /* units of work per group: tiles, or (MC) pairs of tiles (pair_units) */
   const int tiles_n = (a.n + TBN - 1) / TBN, tiles_k = (a.k + BM - 1) / BM;
-  const int units_n = tiles_n;
   int *tab = a.table;
   if (tab == nullptr) {
     tab = reinterpret_cast<int *>(smem_raw + PIPE_BYTES);
-    build_group_table(a, tab, TGMM ? 0 : BM * PM, units_n, (tiles_k + PM - 1) / PM * units_n);
+    build_group_table(a, tab, TGMM ? 0 : BM, tiles_n,
+                      MC ? (int)pair_units(tiles_k, tiles_n) : tiles_k * tiles_n, MC);
   }
   const int GL = a.num_local_groups;
   const int *start = tab + kTableHeader, *end = start + GL, *tile_prefix = end + GL;
@@ -374,6 +395,10 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int r = 0; r < RING; ++r) {
         mbar_init(tfull0 + 8 * r, 1);
         mbar_init(tempty0 + 8 * r, 32 * (8 + (TGMM ? 3 : 0))); /* consumer, fixer threads */
+        if constexpr (MC) {
+          mbar_init(mfull0 + 8 * r, 1);
+          mbar_init(mempty0 + 8 * r, 1);
+        }
       }
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -384,25 +409,34 @@ __global__ void __launch_bounds__(THREADS, 1)
   else
     __syncthreads();
 
-  /* Decodes tile t into (group j, first row m0, first column n0, k-blocks nk, group rows). */
+  /* Decodes tile (MC: unit) t into (group j, first row m0, first column n0, k-blocks nk, group
+   * rows). MC: this CTA's tile of the unit; returns whether the pair lies along the columns (the
+   * CTAs share A) rather than along the rows (they share B). */
   auto decode = [&](int t, int &j, int &m0, int &n0, int &nk, int &gs, int &ge) {
     j = find_group(tile_prefix, GL, t);
     const int u = t - tile_prefix[j];
     gs = start[j];
     ge = end[j];
+    const int tm = TGMM ? tiles_k : (ge - gs + BM - 1) / BM; /* row tiles of the group */
     int mt, nt;
-    /* MC: mt is a pair of 128-row tiles; this CTA takes the rank-th */
-    const int rm = (int)rank;
-    if (TGMM) {
-      panel_raster(u, (tiles_k + PM - 1) / PM, units_n, mt, nt);
-      m0 = (mt * PM + rm) * BM;
-      nk = (ge - gs + BK - 1) / BK;
+    bool across = false;
+    if constexpr (MC) {
+      const int paired = tm / 2 * tiles_n;
+      if (u < paired) {
+        panel_raster(u, tm / 2, tiles_n, mt, nt);
+        mt = 2 * mt + (int)rank;
+      } else {
+        across = true;
+        mt = tm - 1;
+        nt = 2 * (u - paired) + (int)rank;
+      }
     } else {
-      panel_raster(u, (ge - gs + BM * PM - 1) / (BM * PM), units_n, mt, nt);
-      m0 = gs + (mt * PM + rm) * BM;
-      nk = (a.k + BK - 1) / BK;
+      panel_raster(u, tm, tiles_n, mt, nt);
     }
+    m0 = (TGMM ? 0 : gs) + mt * BM;
+    nk = TGMM ? (ge - gs + BK - 1) / BK : (a.k + BK - 1) / BK;
     n0 = nt * TBN;
+    return across;
   };
   /* tgmm: does the last block of a tile with nk blocks over `rows` rows need zeroing? */
   auto needs_fix = [&](int nk, int rows) {
@@ -440,23 +474,39 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_arrive(tfull0 + 8 * ring_slot);
         if (++ring_slot == RING) ring_slot = 0, ring_phase ^= 1;
       };
+      /* MC: the rank-0 producer claims every unit and posts it to the rank-1 producer */
+      const bool claims = !MC || rank == 0;
+      int mslot = 0;
+      uint32_t mphase = 0;
       auto next_tile = [&](int t) {
         if constexpr (DYN) {
-          t = claim;
+          if (claims) {
+            t = claim;
+            if constexpr (MC) {
+              mbar_wait_cluster(mempty0 + 8 * mslot, mphase ^ 1);
+              st_shared_cluster(mapa_shared(mbox0 + 4 * mslot, 1), t);
+              mbar_arrive_cluster_release(mapa_shared(mfull0 + 8 * mslot, 1));
+            }
+          } else {
+            mbar_wait_cluster(mfull0 + 8 * mslot, mphase);
+            asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(t) : "r"(mbox0 + 4 * mslot) : "memory");
+            mbar_arrive_cluster_release(mapa_shared(mempty0 + 8 * mslot, 0));
+          }
+          if (MC && ++mslot == RING) mslot = 0, mphase ^= 1;
           ring_put(t);
-          if (t < total_tiles) claim = ncl + atomicAdd(a.counter, 1);
+          if (claims && t < total_tiles) claim = ncl + atomicAdd(a.counter, 1);
           return t;
         } else {
           return t + ncl;
         }
       };
       if constexpr (DYN) {
-        claim = ncl + atomicAdd(a.counter, 1);
+        if (claims) claim = ncl + atomicAdd(a.counter, 1);
         ring_put(cid);
       }
       for (int t = cid; t < total_tiles; t = next_tile(t)) {
         int j, m0, n0, nk, gs, ge;
-        decode(t, j, m0, n0, nk, gs, ge);
+        const bool across = decode(t, j, m0, n0, nk, gs, ge);
         const bool fix = needs_fix(nk, ge - gs);
         for (int kb = 0; kb < nk; ++kb) {
           const uint32_t full = full0 + 8 * s;
@@ -468,25 +518,38 @@ __global__ void __launch_bounds__(THREADS, 1)
           mbar_expect_tx(full, SBYTES);
           const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_BYTES;
           if (MC) {
-            /* own A; B boxes 2*rank and 2*rank+1 (trans: the rank-th 128 columns) to both CTAs.
-             * A dummy tile (see the consumers) loads the partner's A rows: in bounds, unused. */
-            const int ma = (TGMM ? m0 >= a.k : m0 >= ge) ? m0 - BM : m0;
+            /* this CTA's own operand, and its half of the shared one multicast to both CTAs at
+             * the same offset: B's 128-column half (a pair of row tiles) or A's 64-row half (a
+             * pair of column blocks). A dummy (column block past N) loads the block before it: in
+             * bounds, unused. */
+            const uint16_t both = 3;
+            const int nb = n0 < a.n ? n0 : n0 - TBN;
             if (TGMM) {
               const int r0 = gs + kb * BK;
-              tma_load_2d(sa, &map_a, ma, r0, full);
-              tma_load_2d(sa + BOX_BYTES, &map_a, ma + 64, r0, full);
-#pragma unroll
-              for (int i = 2 * rank; i < 2 * rank + 2; ++i)
-                tma_load_2d_mc(sb + i * BOX_BYTES, &map_b, n0 + 64 * i, r0, full, 3);
+              if (!across) {
+                tma_load_3d(sa, &map_a, 0, r0, m0 / 64, full);
+                tma_load_3d_mc(sb + rank * 2 * BOX_BYTES, &map_b2, 0, r0, n0 / 64 + 2 * rank, full,
+                               both);
+              } else {
+                tma_load_3d_mc(sa + rank * BOX_BYTES, &map_a2, 0, r0, m0 / 64 + rank, full, both);
+                tma_load_3d(sb, &map_b, 0, r0, nb / 64, full);
+              }
             } else {
               const int k0 = kb * BK;
-              tma_load_2d(sa, &map_a, k0, ma, full);
-              if (TRANS_B) {
-                tma_load_3d_mc(sb + rank * (B_BYTES / 2), &map_b, k0, n0 + 128 * rank, j, full, 3);
+              if (!across) {
+                tma_load_2d(sa, &map_a, k0, m0, full);
+                if (TRANS_B)
+                  tma_load_3d_mc(sb + rank * (B_BYTES / 2), &map_b2, k0, n0 + 128 * rank, j, full,
+                                 both);
+                else
+                  tma_load_4d_mc(sb + rank * 2 * BOX_BYTES, &map_b2, 0, k0, n0 / 64 + 2 * rank, j,
+                                 full, both);
               } else {
-#pragma unroll
-                for (int i = 2 * rank; i < 2 * rank + 2; ++i)
-                  tma_load_3d_mc(sb + i * BOX_BYTES, &map_b, n0 + 64 * i, k0, j, full, 3);
+                tma_load_2d_mc(sa + rank * (A_BYTES / 2), &map_a2, k0, m0 + 64 * rank, full, both);
+                if (TRANS_B)
+                  tma_load_3d(sb, &map_b, k0, nb, j, full);
+                else
+                  tma_load_4d(sb, &map_b, 0, k0, nb / 64, j, full);
               }
             }
           } else if (TGMM) {
@@ -768,8 +831,8 @@ __global__ void __launch_bounds__(THREADS, 1)
 #ifdef SLUICE_SM90_TRACE
       tr_first = true;
 #endif
-      /* MC: the pair's second tile lies past the group (gmm) or past K (tgmm) */
-      const bool dummy = MC && (TGMM ? m0 >= a.k : m0 >= ge);
+      /* MC: the pair's second column block lies past N (an odd number of column blocks) */
+      const bool dummy = MC && n0 >= a.n;
       if (dummy || (SKIP && !TGMM && cw == 1 && ge - m0 <= 64)) {
         /* No row of this half is in the group: pass the stages back untouched (after the fixers,
          * who write into the last one, are done with it). */
@@ -919,40 +982,50 @@ __global__ void __launch_bounds__(THREADS, 1)
       void *out =
           TGMM ? (void *)((char *)a.out + (size_t)j * a.k * a.n * dtype_bytes(a.out_dtype)) : a.out;
       if (TMA_C && (TGMM || m0 + cw * 64 + 64 <= ge)) {
-        /* This warpgroup's 64x256 half: 4 boxes of 64x64, 128B-swizzled like the TMA map. */
-        const uint32_t cbase = c_smem + cw * (C_BYTES / 2);
-        if (lt == 0) bulk_wait_read0(); /* the previous tile's store has read the staging buffer */
-        SL_TR(x0);
-        SL_TR_ADD(TR_EPI_READ, x0 - e0);
-        named_bar(2 + cw, 128);
-        SL_TR(x1);
-        SL_TR_ADD(TR_EPI_BAR, x1 - x0);
-        if constexpr (AHEAD) {
-          if (a.out_dtype == SL_DTYPE_BF16)
-            stage_half_stsm<__nv_bfloat16>(acc, cbase, warp, lane);
-          else
-            stage_half_stsm<__half>(acc, cbase, warp, lane);
-        } else {
-          stage_half(acc, cbase, a.out_dtype, warp, lane);
-        }
-        SL_TR(x2);
-        SL_TR_ADD(TR_EPI_STAGE, x2 - x1);
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        SL_TR(x3);
-        SL_TR_ADD(TR_EPI_FENCE, x3 - x2);
-        named_bar(2 + cw, 128);
-        SL_TR(x4);
-        SL_TR_ADD(TR_EPI_BAR, x4 - x3);
-        if (lt == 0) {
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            if (TGMM)
-              tma_store_3d(&map_c, cbase + b * BOX_BYTES, n0 + 64 * b, m0 + cw * 64, j);
+        /* This warpgroup's 64x256 half: 4 boxes of 64x64, 128B-swizzled like the TMA map, in one
+         * pass, or (V_MD4, half the staging buffer) two passes of 2 boxes, the second waiting for
+         * the first's store to have read the buffer. */
+        constexpr int NPASS = c_bytes_of(VARIANT) == C_BYTES / 2 ? 2 : 1, NBOX = 4 / NPASS;
+        const uint32_t cbase = c_smem + cw * (c_bytes_of(VARIANT) / 2);
+        auto pass = [&](auto p_c) {
+          constexpr int P = decltype(p_c)::value, C0 = P * 32 / NPASS; /* first column group */
+          if (lt == 0) bulk_wait_read0(); /* the previous store has read the staging buffer */
+          SL_TR(x0);
+          SL_TR_ADD(TR_EPI_READ, x0 - e0);
+          named_bar(2 + cw, 128);
+          SL_TR(x1);
+          SL_TR_ADD(TR_EPI_BAR, x1 - x0);
+          if constexpr (AHEAD) {
+            if (a.out_dtype == SL_DTYPE_BF16)
+              stage_half_stsm<__nv_bfloat16, 128, C0, C0 + 32 / NPASS>(acc, cbase, warp, lane);
             else
-              tma_store_2d(&map_c, cbase + b * BOX_BYTES, n0 + 64 * b, m0 + cw * 64);
+              stage_half_stsm<__half, 128, C0, C0 + 32 / NPASS>(acc, cbase, warp, lane);
+          } else {
+            static_assert(NPASS == 1 || AHEAD, "two-pass staging is written for stmatrix");
+            stage_half(acc, cbase, a.out_dtype, warp, lane);
           }
-          bulk_commit();
-        }
+          SL_TR(x2);
+          SL_TR_ADD(TR_EPI_STAGE, x2 - x1);
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          SL_TR(x3);
+          SL_TR_ADD(TR_EPI_FENCE, x3 - x2);
+          named_bar(2 + cw, 128);
+          SL_TR(x4);
+          SL_TR_ADD(TR_EPI_BAR, x4 - x3);
+          if (lt == 0) {
+#pragma unroll
+            for (int b = 0; b < NBOX; ++b) {
+              const int c0 = n0 + 64 * (P * NBOX + b);
+              if (TGMM)
+                tma_store_3d(&map_c, cbase + b * BOX_BYTES, c0, m0 + cw * 64, j);
+              else
+                tma_store_2d(&map_c, cbase + b * BOX_BYTES, c0, m0 + cw * 64);
+            }
+            bulk_commit();
+          }
+        };
+        pass(std::integral_constant<int, 0>{});
+        if constexpr (NPASS == 2) pass(std::integral_constant<int, 1>{});
       } else {
         store_half_regs(acc, out, a.out_dtype, a.n, m0 + cw * 64, n0, row_limit, warp, lane);
       }
@@ -1013,12 +1086,16 @@ static bool tma_c_ok(const GmmArgs &a) {
 
 template <typename T, bool TGMM, bool TRANS_B, int VARIANT>
 static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
-  CUtensorMap ma, mb, mc;
+  /* ma2, mb2 (MC): the same tensors as ma, mb with the half boxes a CTA multicasts; otherwise
+   * unused copies */
+  CUtensorMap ma, mb, mc, ma2, mb2;
   memset(&mc, 0, sizeof mc);
   const uint64_t M = a.m, K = a.k, N = a.n, GL = a.num_local_groups;
+  constexpr bool MC = cluster_of(VARIANT) == 2;
   const uint32_t box64[3] = {64, 64, 1};
   bool ok;
   const uint32_t box_fa[3] = {64, 64, 2}, box_fb[4] = {64, 64, 4, 1};
+  const uint32_t box_fa2[3] = {64, 64, 1}, box_fb2[4] = {64, 64, 2, 1};
   if (TGMM) {
     if (has_fused_boxes(VARIANT)) {
       /* lhs [M, K] as {64, M, K/64}, rhs [M, N] as {64, M, N/64} (K, N % 64 == 0) */
@@ -1026,6 +1103,9 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
       const uint64_t db[3] = {64, M, N / 64}, sb[2] = {N * 2, 128};
       ok = make_map(&ma, a.lhs, a.in_dtype, 3, da, sa, box_fa) &&
            make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, box_fb);
+      if (MC)
+        ok = ok && make_map(&ma2, a.lhs, a.in_dtype, 3, da, sa, box_fa2) &&
+             make_map(&mb2, a.rhs, a.in_dtype, 3, db, sb, box_fb2);
     } else {
       const uint64_t da[2] = {K, M}, sa[1] = {K * 2}, db[2] = {N, M}, sb[1] = {N * 2};
       ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, box64) &&
@@ -1039,16 +1119,18 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     const uint64_t da[2] = {K, M}, sa[1] = {K * 2};
     const uint32_t boxa[2] = {64, 128};
     ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, boxa);
+    if (MC) ok = ok && make_map(&ma2, a.lhs, a.in_dtype, 2, da, sa, box64);
     if (TRANS_B) {
       const uint64_t db[3] = {K, N, GL}, sb[2] = {K * 2, N * K * 2};
-      /* MC: each CTA of the pair loads half of the columns */
-      const uint32_t boxb[3] = {
-          64, (uint32_t)(bn_of(VARIANT) / cluster_of(VARIANT)), 1};
+      const uint32_t boxb[3] = {64, (uint32_t)bn_of(VARIANT), 1};
+      const uint32_t boxb2[3] = {64, (uint32_t)bn_of(VARIANT) / 2, 1};
       ok = ok && make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, boxb);
+      if (MC) ok = ok && make_map(&mb2, a.rhs, a.in_dtype, 3, db, sb, boxb2);
     } else if (has_fused_boxes(VARIANT)) {
       /* rhs [G, K, N] as {64, K, N/64, G} (resolve_variant: N % 64 == 0) */
       const uint64_t db[4] = {64, K, N / 64, GL}, sb[3] = {N * 2, 128, K * N * 2};
       ok = ok && make_map(&mb, a.rhs, a.in_dtype, 4, db, sb, box_fb);
+      if (MC) ok = ok && make_map(&mb2, a.rhs, a.in_dtype, 4, db, sb, box_fb2);
     } else {
       const uint64_t db[3] = {N, K, GL}, sb[2] = {N * 2, K * N * 2};
       ok = ok && make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, box64);
@@ -1059,6 +1141,7 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     }
   }
   if (!ok) return SL_STATUS_UNSUPPORTED; /* the caller falls back to the portable kernel */
+  if (!MC) ma2 = ma, mb2 = mb;
 
   if (is_dyn(VARIANT)) { /* the tile counter starts at 0 in every launch */
     const cudaError_t e = cudaMemsetAsync(a.counter, 0, sizeof(int), stream);
@@ -1077,14 +1160,15 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   constexpr int PAIR = cluster_of(VARIANT);
   const long long tiles_n = (a.n + bn_of(VARIANT) - 1) / bn_of(VARIANT);
   const long long tiles_k = (a.k + BM - 1) / BM;
-  /* scheduled units: tiles, or (MC) pairs of tiles */
+  /* scheduled units (gmm: at least): tiles, or (MC) pairs of tiles */
   const long long units =
-      TGMM ? (long long)a.num_local_groups * ((tiles_k + PAIR - 1) / PAIR) * tiles_n
-           : ((a.m + BM * PAIR - 1) / (BM * PAIR) + a.num_local_groups) * tiles_n;
+      TGMM ? (long long)a.num_local_groups *
+                 (PAIR == 2 ? pair_units(tiles_k, tiles_n) : tiles_k * tiles_n)
+           : (a.m + BM * PAIR - 1) / (BM * PAIR) * tiles_n;
   if (PAIR == 1) {
     long long grid = (!TGMM || units > num_sms) ? num_sms : units;
     if (grid < 1) grid = 1;
-    kernel<<<(unsigned)grid, THREADS, smem, stream>>>(ma, mb, mc, a);
+    kernel<<<(unsigned)grid, THREADS, smem, stream>>>(ma, mb, mc, ma2, mb2, a);
   } else {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
@@ -1114,7 +1198,7 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     if (TGMM && units < ncl) ncl = units;
     if (ncl < 1) ncl = 1;
     cfg.gridDim = dim3((unsigned)(PAIR * ncl));
-    err = cudaLaunchKernelEx(&cfg, kernel, ma, mb, mc, a);
+    err = cudaLaunchKernelEx(&cfg, kernel, ma, mb, mc, ma2, mb2, a);
     if (err != cudaSuccess)
       return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): cluster launch failed: %s",
                           cudaGetErrorString(err));
@@ -1143,6 +1227,10 @@ static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   if (!is_variant(variant) || (has_tma_c(variant) && !tma_c_ok(a))) return -2;
   if (is_dyn(variant) && a.counter == nullptr) return V_AHS; /* no workspace for the counter */
   if (has_fused_boxes(variant) && (a.n % 64 || (tgmm && a.k % 64))) return V_DYN;
+  /* V_MD4 leaves ~1 KB of the 227 KB an sm_90 CTA may have (1 KB of it static) for the group
+   * table: a bigger table in shared memory needs V_MD's 32 KB less */
+  const size_t table = a.table ? 0 : table_ints(a.num_local_groups) * sizeof(int);
+  if (variant == V_MD4 && pipe_bytes(V_MD4) + table > 232448 - 1024) return V_MD;
   return variant;
 }
 
@@ -1157,8 +1245,9 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     case V_DYN: return launch_v<T, V_DYN>(a, tgmm, num_sms, s);
     case V_FB: return launch_v<T, V_FB>(a, tgmm, num_sms, s);
     default: {
-      /* V_MC; clusters that cannot be placed: the same kernel without them */
-      const sl_status st = launch_v<T, V_MC>(a, tgmm, num_sms, s);
+      /* V_MD, V_MD4; clusters that cannot be placed: V_FB */
+      const sl_status st = variant == V_MD4 ? launch_v<T, V_MD4>(a, tgmm, num_sms, s)
+                                            : launch_v<T, V_MD>(a, tgmm, num_sms, s);
       if (st != SL_STATUS_UNSUPPORTED) return st;
       if (a.table) { /* the workspace table was built for pairs of tiles: rebuild it */
         const int tiles_n = (a.n + BN - 1) / BN, tiles_k = (a.k + BM - 1) / BM;
@@ -1166,7 +1255,7 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
             table_build_launch(a, tgmm, tgmm ? 0 : BM, tiles_n, tiles_k * tiles_n, s);
         if (t != SL_STATUS_SUCCESS) return t;
       }
-      return launch_v<T, V_TMA_CS>(a, tgmm, num_sms, s);
+      return launch_v<T, V_FB>(a, tgmm, num_sms, s);
     }
   }
 }
@@ -1189,12 +1278,14 @@ sl_status sm90_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
   variant = sm90::resolve_variant(a, tgmm, variant);
   if (variant < 0) return SL_STATUS_UNSUPPORTED;
   if (a.table) {
-    /* the kernel's own table (gmm_kernel): tiles, or (V_MC) pairs of tiles */
-    const int bn = sm90::bn_of(variant), pm = sm90::cluster_of(variant);
+    /* the kernel's own table (gmm_kernel): tiles, or (V_MD) pairs of tiles */
+    const int bn = sm90::bn_of(variant);
+    const bool pairs = sm90::cluster_of(variant) == 2;
     const int tiles_n = (a.n + bn - 1) / bn;
     const int tiles_k = (a.k + sm90::BM - 1) / sm90::BM;
-    sl_status st = table_build_launch(a, tgmm, tgmm ? 0 : sm90::BM * pm, tiles_n,
-                                      (tiles_k + pm - 1) / pm * tiles_n, stream);
+    sl_status st = table_build_launch(
+        a, tgmm, tgmm ? 0 : sm90::BM, tiles_n,
+        pairs ? (int)pair_units(tiles_k, tiles_n) : tiles_k * tiles_n, stream, pairs);
     if (st != SL_STATUS_SUCCESS) return st;
   }
   if (a.in_dtype == SL_DTYPE_BF16)

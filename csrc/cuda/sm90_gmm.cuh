@@ -85,6 +85,36 @@ __device__ __forceinline__ void tma_load_3d_mc(uint32_t dst, const void *map, in
       "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
       : "memory");
 }
+__device__ __forceinline__ void tma_load_4d_mc(uint32_t dst, const void *map, int c0, int c1,
+                                               int c2, int c3, uint32_t bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
+      "cluster [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"(mask)
+      : "memory");
+}
+/* A parity wait that also acquires what other CTAs of the cluster released before arriving (the
+ * V_MD mailbox: the peer's remote store of a tile index). */
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+/* A store to another CTA's shared memory (an address from mapa_shared), then a release arrive on
+ * one of its barriers: the store is visible to whoever acquires that barrier phase. */
+__device__ __forceinline__ void st_shared_cluster(uint32_t remote_addr, int v) {
+  asm volatile("st.shared::cluster.b32 [%0], %1;\n" ::"r"(remote_addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_cluster_release(uint32_t remote_bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar)
+               : "memory");
+}
 __device__ __forceinline__ uint32_t cluster_ctarank() {
   uint32_t r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));

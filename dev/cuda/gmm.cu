@@ -4,7 +4,7 @@
  * Build (tests/gpu/build.sh does this, into build-gpu/):
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
  *        -Iinclude -Icsrc/core dev/cuda/gmm.cu build-gpu/status.o build-gpu/gmm_cpu.o -lgomp -o gmm
- * Versions (the numbers of removed ones, 3, 5, 9, 10, 11, 12, 14 and 15, are not reused;
+ * Versions (the numbers of removed ones, 3, 5, 8, 9, 10, 11, 12, 14 and 15, are not reused;
  * dev/NOTES.md has them all):
  *   1  portable: mma.sync m16n8k16, 128x256x32 tiles, 3-stage cp.async, 8 warps (sm80_gmm.cu)
  *   2  Hopper: wgmma m64n256k16 from TMA, 4-stage mbarrier pipeline, 1 producer + 2 consumer
@@ -16,8 +16,6 @@
  *      group rows (V_TMA_CS)
  *   7  ping-pong: each consumer warpgroup owns a 128x128 tile, alternate tiles, so one's
  *      epilogue overlaps the other's mainloop; 5 stages of 32 KB; the skips of 6 (V_PP)
- *   8  as 6 on 2-CTA clusters: a pair of tiles that share B, each CTA loading its own A and half
- *      of B, multicast to both (V_MC)
  *  13  as 6 with less work between tiles: the next tile decoded while the last k-block drains,
  *      scale_d = 0 instead of zeroed accumulators, the epilogue staged by stmatrix (V_AHS; the
  *      default of both ops since session 4; 12, the same without stmatrix, was removed)
@@ -25,12 +23,17 @@
  *      CTAs that share an operand stay together and read it from L2 (V_DYN)
  *  20  as 16, B (and tgmm's A) loaded with one TMA copy of a 3-d/4-d box per k-block instead of
  *      one per 64-column box (V_FB; needs N, and for tgmm K, multiples of 64, else it runs 16)
- * (17-19, session 6's V_NS, V_HA, V_EW, were measured and removed: dev/NOTES.md.)
+ *  21  as 20 on 2-CTA clusters with TMA multicast: pairs of row tiles that share B (the last
+ *      odd row tile: pairs of column blocks that share A), each CTA loading its own operand and
+ *      half of the shared one; units claimed by the rank-0 CTA and posted to its peer (V_MD)
+ *  22  as 21 with 4 stages, the output staged in two 64x128 passes per warpgroup (V_MD4)
+ * (17-19, session 6's V_NS, V_HA, V_EW, and 23-24, session 8's V_RS, V_RS4, were measured and
+ *  removed: dev/NOTES.md.)
  * (tgmm, all sm90 versions: rows past a group's end are zeroed by the producer warpgroup's spare
  *  warps, off the consumers' path.)
  *
  * Run: ./gmm [versions]   versions: "all", or a comma-separated list of versions to time (default
- * 20,16: 20 is the default of both ops, 16 the one before it; 1, 2, 7 and 8 are known slower,
+ * 20,16: 20 is the default of both ops, 16 the one before it; 1, 2 and 7 are known slower,
  * dev/NOTES.md).
  * The timings interleave the versions, so they share one power state: a version that draws more
  * power per flop than another is not seen here; bench/clocks_gmm.py runs each alone (session 5).
@@ -66,7 +69,7 @@
   } while (0)
 
 static const bool kTgmm = HARNESS_TGMM;
-static const int kVersions = 20;
+static const int kVersions = 22;
 /* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
  * removed ones are not reused) */
 static bool version_exists(int v) { return v == 1 || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2)); }
