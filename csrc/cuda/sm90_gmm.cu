@@ -988,7 +988,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         constexpr int NPASS = c_bytes_of(VARIANT) == C_BYTES / 2 ? 2 : 1, NBOX = 4 / NPASS;
         const uint32_t cbase = c_smem + cw * (c_bytes_of(VARIANT) / 2);
         auto pass = [&](auto p_c) {
-          constexpr int P = decltype(p_c)::value, C0 = P * 32 / NPASS; /* first column group */
+          constexpr int P = decltype(p_c)::value;
           if (lt == 0) bulk_wait_read0(); /* the previous store has read the staging buffer */
           SL_TR(x0);
           SL_TR_ADD(TR_EPI_READ, x0 - e0);
@@ -996,6 +996,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           SL_TR(x1);
           SL_TR_ADD(TR_EPI_BAR, x1 - x0);
           if constexpr (AHEAD) {
+            constexpr int C0 = P * 32 / NPASS; /* the pass's first 8-column group */
             if (a.out_dtype == SL_DTYPE_BF16)
               stage_half_stsm<__nv_bfloat16, 128, C0, C0 + 32 / NPASS>(acc, cbase, warp, lane);
             else
