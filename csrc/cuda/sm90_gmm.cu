@@ -150,6 +150,13 @@ __host__ __device__ constexpr int stage_bytes_of(int v) { return A_BYTES + bn_of
 __host__ __device__ constexpr int c_bytes_of(int v) {
   return is_pp(v) ? 2 * 64 * 128 * 2 : v == V_MD4 ? C_BYTES / 2 : has_tma_c(v) ? C_BYTES : 0;
 }
+/* tgmm's units of work per local group: tiles, or (V_MD) pairs of tiles (gmm's depend on each
+ * group's rows: build_group_table) */
+__host__ __device__ inline int tgmm_units_per_group(int v, int tiles_k, int tiles_n) {
+  return cluster_of(v) == 2 ? (int)pair_units(tiles_k, tiles_n) : tiles_k * tiles_n;
+}
+/* Dynamic shared memory an sm_90 CTA may have: the 227 KB opt-in less the kernel's 1 KB static */
+constexpr size_t kMaxDynSmem = 232448 - 1024;
 constexpr int RING = 4; /* V_DYN: tile indices in flight from the producer to the others */
 __host__ __device__ constexpr size_t pipe_bytes(int v) {
   return 1024 /* alignment slack */ + (size_t)stages_of(v) * stage_bytes_of(v) + c_bytes_of(v) +
@@ -368,13 +375,13 @@ __global__ void __launch_bounds__(THREADS, 1)
    * producer arrives remotely) */
   const uint32_t mfull0 = ring0 + RING * 4, mempty0 = mfull0 + RING * 8, mbox0 = mempty0 + RING * 8;
 
-  /* units of work per group: tiles, or (MC) pairs of tiles (pair_units) */
+  /* units of work per group: tiles, or (MC) pairs of tiles */
   const int tiles_n = (a.n + TBN - 1) / TBN, tiles_k = (a.k + BM - 1) / BM;
   int *tab = a.table;
   if (tab == nullptr) {
     tab = reinterpret_cast<int *>(smem_raw + PIPE_BYTES);
     build_group_table(a, tab, TGMM ? 0 : BM, tiles_n,
-                      MC ? (int)pair_units(tiles_k, tiles_n) : tiles_k * tiles_n, MC);
+                      tgmm_units_per_group(VARIANT, tiles_k, tiles_n), MC);
   }
   const int GL = a.num_local_groups;
   const int *start = tab + kTableHeader, *end = start + GL, *tile_prefix = end + GL;
@@ -483,12 +490,12 @@ __global__ void __launch_bounds__(THREADS, 1)
           if (claims) {
             t = claim;
             if constexpr (MC) {
-              mbar_wait_cluster(mempty0 + 8 * mslot, mphase ^ 1);
+              mbar_wait<true>(mempty0 + 8 * mslot, mphase ^ 1);
               st_shared_cluster(mapa_shared(mbox0 + 4 * mslot, 1), t);
               mbar_arrive_cluster_release(mapa_shared(mfull0 + 8 * mslot, 1));
             }
           } else {
-            mbar_wait_cluster(mfull0 + 8 * mslot, mphase);
+            mbar_wait<true>(mfull0 + 8 * mslot, mphase);
             asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(t) : "r"(mbox0 + 4 * mslot) : "memory");
             mbar_arrive_cluster_release(mapa_shared(mempty0 + 8 * mslot, 0));
           }
@@ -1159,13 +1166,10 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): %zu bytes of shared memory: %s", smem,
                         cudaGetErrorString(err));
   constexpr int PAIR = cluster_of(VARIANT);
-  const long long tiles_n = (a.n + bn_of(VARIANT) - 1) / bn_of(VARIANT);
-  const long long tiles_k = (a.k + BM - 1) / BM;
-  /* scheduled units (gmm: at least): tiles, or (MC) pairs of tiles */
+  const int tiles_n = (a.n + bn_of(VARIANT) - 1) / bn_of(VARIANT), tiles_k = (a.k + BM - 1) / BM;
+  /* tgmm's scheduled units (a grid no larger; gmm's grid is every SM) */
   const long long units =
-      TGMM ? (long long)a.num_local_groups *
-                 (PAIR == 2 ? pair_units(tiles_k, tiles_n) : tiles_k * tiles_n)
-           : (a.m + BM * PAIR - 1) / (BM * PAIR) * tiles_n;
+      (long long)a.num_local_groups * tgmm_units_per_group(VARIANT, tiles_k, tiles_n);
   if (PAIR == 1) {
     long long grid = (!TGMM || units > num_sms) ? num_sms : units;
     if (grid < 1) grid = 1;
@@ -1231,7 +1235,7 @@ static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   /* V_MD4 leaves ~1 KB of the 227 KB an sm_90 CTA may have (1 KB of it static) for the group
    * table: a bigger table in shared memory needs V_MD's 32 KB less */
   const size_t table = a.table ? 0 : table_ints(a.num_local_groups) * sizeof(int);
-  if (variant == V_MD4 && pipe_bytes(V_MD4) + table > 232448 - 1024) return V_MD;
+  if (variant == V_MD4 && pipe_bytes(V_MD4) + table > kMaxDynSmem) return V_MD;
   return variant;
 }
 
@@ -1252,8 +1256,8 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
       if (st != SL_STATUS_UNSUPPORTED) return st;
       if (a.table) { /* the workspace table was built for pairs of tiles: rebuild it */
         const int tiles_n = (a.n + BN - 1) / BN, tiles_k = (a.k + BM - 1) / BM;
-        const sl_status t =
-            table_build_launch(a, tgmm, tgmm ? 0 : BM, tiles_n, tiles_k * tiles_n, s);
+        const sl_status t = table_build_launch(a, tgmm, tgmm ? 0 : BM, tiles_n,
+                                               tgmm_units_per_group(V_FB, tiles_k, tiles_n), s);
         if (t != SL_STATUS_SUCCESS) return t;
       }
       return launch_v<T, V_FB>(a, tgmm, num_sms, s);
@@ -1284,9 +1288,9 @@ sl_status sm90_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     const bool pairs = sm90::cluster_of(variant) == 2;
     const int tiles_n = (a.n + bn - 1) / bn;
     const int tiles_k = (a.k + sm90::BM - 1) / sm90::BM;
-    sl_status st = table_build_launch(
-        a, tgmm, tgmm ? 0 : sm90::BM, tiles_n,
-        pairs ? (int)pair_units(tiles_k, tiles_n) : tiles_k * tiles_n, stream, pairs);
+    sl_status st = table_build_launch(a, tgmm, tgmm ? 0 : sm90::BM, tiles_n,
+                                      sm90::tgmm_units_per_group(variant, tiles_k, tiles_n),
+                                      stream, pairs);
     if (st != SL_STATUS_SUCCESS) return st;
   }
   if (a.in_dtype == SL_DTYPE_BF16)
