@@ -81,11 +81,11 @@ enum Variant {
   V_FB = 18,
   V_MD = 19,
   V_MD4 = 20,
-  V_3W = 21 /* gmm only: its own kernel, gmm3_kernel */
+  V_FC = 22
 };
 __host__ __device__ constexpr bool is_variant(int v) {
   return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_PP || v == V_AHS || v == V_DYN ||
-         v == V_FB || v == V_MD || v == V_MD4 || v == V_3W;
+         v == V_FB || v == V_MD || v == V_MD4 || v == V_FC;
 }
 /* V_AHS: V_TMA_CS with less work at tile boundaries, where both consumer warpgroups leave the
  * tensor pipe idle together (dev/cuda/trace.sh measured ~1000-1600 cycles of head - decoding the
@@ -134,9 +134,20 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * SM-to-SM network, and the extra stage covers that latency. gmm: V_FB's cycles with V_MD's L2
  * traffic, +1-3% alone under sustained load, 0.96-1.0x in turn; tgmm slower (the second staging
  * pass). Not the default: the benchmark times the implementations in turn. */
+/* V_FC: V_FB whose staged output leaves through ordinary 16-byte stores by warps 1-3 of the
+ * producer warpgroup (tgmm: after their fix-ups of the tile) instead of a TMA store. The trace of
+ * session 4 measured ~650 cycles per tgmm tile (of ~19,800) of waiting for the last tile's TMA
+ * store to have read the staging buffer, issued a whole tile earlier; moving that wait into the
+ * drain (session 9) changed nothing, so the store itself is slow to read the buffer - most likely
+ * queued in the SM's one TMA unit behind the producer's loads. The copy warps read the buffer as
+ * soon as it is staged (mbarrier "staged", 256 consumer arrivals) and hand it back ("free", 96). */
 __host__ __device__ constexpr bool is_mc(int v) { return v == V_MD || v == V_MD4; }
-__host__ __device__ constexpr bool has_fused_boxes(int v) { return v == V_FB || is_mc(v); }
-__host__ __device__ constexpr bool is_dyn(int v) { return v == V_DYN || v == V_FB || is_mc(v); }
+__host__ __device__ constexpr bool has_fused_boxes(int v) {
+  return v == V_FB || v == V_FC || is_mc(v);
+}
+__host__ __device__ constexpr bool is_dyn(int v) {
+  return v == V_DYN || v == V_FB || v == V_FC || is_mc(v);
+}
 __host__ __device__ constexpr bool has_ahead(int v) { return v == V_AHS || is_dyn(v); }
 __host__ __device__ constexpr bool has_tma_c(int v) { return v != V_BASE; }
 __host__ __device__ constexpr bool is_pp(int v) { return v == V_PP; }
@@ -352,6 +363,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr bool AHEAD = has_ahead(VARIANT); /* V_AHS: also the stmatrix epilogue */
   constexpr bool DYN = is_dyn(VARIANT);
   constexpr bool FB = has_fused_boxes(VARIANT); /* (gmm with transpose_rhs: nothing to fuse) */
+  constexpr bool COPY = VARIANT == V_FC; /* the output leaves through the copy warps */
   constexpr int TBN = bn_of(VARIANT), NB = TBN / 64; /* tile columns, 64-column B boxes */
   constexpr int SBYTES = stage_bytes_of(VARIANT);
   constexpr int PAIR = cluster_of(VARIANT); /* CTAs per cluster, tiles per scheduled unit */
@@ -397,12 +409,12 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(issued0 + 8 * s, 1); /* tgmm: the producer issued such a block into stage s */
     }
     /* V_PP: all 128 threads of the other consumer warpgroup have seen its last block land */
-    mbar_init(turn0, 128);
-    mbar_init(turn0 + 8, 128);
+    mbar_init(turn0, COPY ? 256 : 128);    /* V_FC: "staged" (every consumer thread) */
+    mbar_init(turn0 + 8, COPY ? 96 : 128); /* V_FC: "free" (every copy thread) */
     if constexpr (DYN) {
       for (int r = 0; r < RING; ++r) {
         mbar_init(tfull0 + 8 * r, 1);
-        mbar_init(tempty0 + 8 * r, 32 * (8 + (TGMM ? 3 : 0))); /* consumer, fixer threads */
+        mbar_init(tempty0 + 8 * r, 32 * (8 + (TGMM || COPY ? 3 : 0))); /* consumers, fixers */
         if constexpr (MC) {
           mbar_init(mfull0 + 8 * r, 1);
           mbar_init(mempty0 + 8 * r, 1);
@@ -592,10 +604,12 @@ __global__ void __launch_bounds__(THREADS, 1)
       SL_TR(p_end);
       SL_TR_ADD(TR_PROD, p_end - p_begin);
       SL_TR_STORE(true);
-    } else if (TGMM && threadIdx.x >= 32) {
+    } else if ((TGMM || COPY) && threadIdx.x >= 32) {
       /* Fixers (warps 1-3): the last block of a group's contraction holds rows of the next group
-       * (or TMA zeros past M); zero them in shared memory before the consumers read the stage. */
+       * (or TMA zeros past M); zero them in shared memory before the consumers read the stage.
+       * V_FC: then copy the tile's staged output to global memory. */
       const int ft = threadIdx.x - 32;
+      uint32_t copy_phase = 0;
       long long blk = 0;         /* k-blocks issued so far, as the producer counts them */
       uint32_t issued_phase = 0; /* bit s: parity of stage s's next "issued" phase */
       SL_TR_DECL;
@@ -633,6 +647,32 @@ __global__ void __launch_bounds__(THREADS, 1)
           SL_TR_ADD(TR_FIX_WORK, f2 - f1);
         }
         blk += nk;
+        if constexpr (COPY) {
+          /* the tile's two staged 64x256 halves (4 swizzled 64x64 boxes each) -> out, 16 bytes
+           * per thread and step: a warp writes 4 rows x 128 bytes; a gmm half past its group's end
+           * left from registers and is not in the buffer */
+          mbar_wait(turn0, copy_phase);
+          const int row_limit = TGMM ? a.k : ge;
+          char *outp = (char *)a.out + (TGMM ? (size_t)j * a.k * a.n * 2 : 0);
+          for (int c = ft; c < 2 * 4 * 64 * 8; c += 96) {
+            const int h = c >> 11, b = (c >> 9) & 3, r = (c >> 3) & 63, ch = c & 7;
+            const int row = m0 + h * 64 + r, col = n0 + b * 64 + ch * 8;
+            if ((!TGMM && m0 + h * 64 + 64 > ge) || row >= row_limit || col >= a.n) continue;
+            const uint32_t src = c_smem + h * (C_BYTES / 2) + b * BOX_BYTES + r * 128 +
+                                 ((ch ^ (r & 7)) << 4);
+            uint32_t v0, v1, v2, v3;
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+                         : "r"(src)
+                         : "memory");
+            char *dst = outp + ((size_t)row * a.n + col) * 2;
+            asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(v0), "r"(v1),
+                         "r"(v2), "r"(v3)
+                         : "memory");
+          }
+          mbar_arrive(turn0 + 8);
+          copy_phase ^= 1;
+        }
       }
       SL_TR_STORE(ft == 0);
     }
@@ -801,6 +841,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     float acc[128];
     int s = 0;
     uint32_t phase = 0, fixed_phase = 0; /* bit s: parity of stage s's next "fixed" phase */
+    uint32_t free_phase = 1; /* V_FC: parity of the copy of the previous tile (none: passes) */
+    /* V_FC: wait until the copy warps have read the last tile out of the staging buffer */
+    auto wait_free = [&]() {
+      mbar_wait(turn0 + 8, free_phase);
+      free_phase ^= 1;
+    };
     /* Hands stage st back: to this CTA's producer, and (MC) to the peer's, which writes half of
      * this CTA's copy of it. */
     auto release = [&](int st) {
@@ -852,6 +898,10 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
           release(s);
           if (++s == STAGES) s = 0, phase ^= 1;
+        }
+        if constexpr (COPY) { /* one arrival per tile and thread, in tile order */
+          wait_free();
+          mbar_arrive(turn0);
         }
         decode_next();
         continue;
@@ -989,7 +1039,19 @@ __global__ void __launch_bounds__(THREADS, 1)
       const int row_limit = TGMM ? a.k : ge;
       void *out =
           TGMM ? (void *)((char *)a.out + (size_t)j * a.k * a.n * dtype_bytes(a.out_dtype)) : a.out;
-      if (TMA_C && (TGMM || m0 + cw * 64 + 64 <= ge)) {
+      if constexpr (COPY) {
+        wait_free();
+        if (TGMM || m0 + cw * 64 + 64 <= ge) {
+          const uint32_t cbase = c_smem + cw * (C_BYTES / 2);
+          if (a.out_dtype == SL_DTYPE_BF16)
+            stage_half_stsm<__nv_bfloat16, 128>(acc, cbase, warp, lane);
+          else
+            stage_half_stsm<__half, 128>(acc, cbase, warp, lane);
+        } else {
+          store_half_regs(acc, out, a.out_dtype, a.n, m0 + cw * 64, n0, row_limit, warp, lane);
+        }
+        mbar_arrive(turn0); /* release: the copy warps see the staged half */
+      } else if (TMA_C && (TGMM || m0 + cw * 64 + 64 <= ge)) {
         /* This warpgroup's 64x256 half: 4 boxes of 64x64, 128B-swizzled like the TMA map, in one
          * pass, or (V_MD4, half the staging buffer) two passes of 2 boxes, the second waiting for
          * the first's store to have read the buffer. */
@@ -1052,213 +1114,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   /* MC: neither CTA leaves while the peer may still arrive on its barriers */
   if constexpr (MC) cluster_sync();
-#else
-  (void)map_a, (void)map_b, (void)map_c, (void)a;
-#endif
-}
-
-/* V_3W (gmm only): 192x256 tiles on three consumer warpgroups, 64 rows each, with the producer
- * folded into the first consumer thread. Why: at 128x256 the SM's shared memory, not the tensor
- * pipe, is the limit. At the full wgmma rate an m64n256k16 reads its operands from shared memory
- * at 80 B/clock whatever the warpgroup count, and the TMA writes 4096 * (1/BM + 1/BN) B/clock: 48
- * at 128x256 (128 in all: the whole of the SM's ~128 B/clock, so every other shared-memory byte
- * is time), 37 at 192x256 (117 in all). Why no producer warpgroup: ptxas gives every warp of a
- * 512-thread CTA the entry count of 128 registers when it compiles a wgmma (setmaxnreg does not
- * raise it), and an m64n256k16 needs 154; at 384 threads every warp has 168. So thread 0 also
- * issues the loads: after each stage it hands back it waits for the other warpgroups to hand the
- * same stage back and refills it STAGES blocks ahead (the warpgroups run in step, so the wait is
- * about the other two warpgroups' share of one block, while its own next wgmmas are queued). It
- * also claims the tiles (V_DYN's counter and ring). A warpgroup whose 64 rows lie past its group
- * passes the stages back untouched. Three stages of 56 KB; each warpgroup stages its 64x256 output
- * in two 64x128 passes (48 KB). */
-constexpr int BM3 = 192, STAGES3 = 3, A3_BYTES = BM3 * BK * 2, S3_BYTES = A3_BYTES + B_BYTES;
-constexpr int C3_WG = 64 * 128 * 2; /* a warpgroup's staging buffer: one 64x128 pass */
-__host__ __device__ constexpr size_t pipe3_bytes() {
-  return 1024 + (size_t)STAGES3 * S3_BYTES + 3 * C3_WG + 2 * STAGES3 * 8 + RING * (8 + 8 + 4);
-}
-static_assert(pipe3_bytes() + 4 * (kTableHeader + 3 * kSmemTableMaxGroups + 1) <= kMaxDynSmem,
-              "V_3W: pipeline and the largest shared-memory table fit");
-
-template <typename T, bool TRANS_B>
-__global__ void __launch_bounds__(384, 1)
-    gmm3_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                const __grid_constant__ CUtensorMap map_c, GmmArgs a) {
-#ifdef SLUICE_SM90A_DEVICE
-  extern __shared__ __align__(1024) unsigned char smem_sm90[];
-  unsigned char *base = (unsigned char *)(((uintptr_t)smem_sm90 + 1023) & ~(uintptr_t)1023);
-  const uint32_t stage0 = smem_u32(base), c_smem = stage0 + STAGES3 * S3_BYTES;
-  const uint32_t full0 = c_smem + 3 * C3_WG, empty0 = full0 + STAGES3 * 8;
-  const uint32_t tfull0 = empty0 + STAGES3 * 8, tempty0 = tfull0 + RING * 8,
-                 ring0 = tempty0 + RING * 8;
-  const int tiles_n = (a.n + BN - 1) / BN, nk = (a.k + BK - 1) / BK;
-  int *tab = a.table;
-  if (tab == nullptr) {
-    tab = reinterpret_cast<int *>(smem_sm90 + pipe3_bytes());
-    build_group_table(a, tab, BM3, tiles_n, 0);
-  }
-  const int GL = a.num_local_groups;
-  const int *start = tab + kTableHeader, *end = start + GL, *tile_prefix = end + GL;
-  const int total_tiles = tab[2];
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES3; ++s) {
-      mbar_init(full0 + 8 * s, 1);
-      mbar_init(empty0 + 8 * s, 12); /* lane 0 of each consumer warp */
-    }
-    for (int r = 0; r < RING; ++r) {
-      mbar_init(tfull0 + 8 * r, 1);
-      mbar_init(tempty0 + 8 * r, 384); /* every thread reads every tile index */
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  zero_outside_rows(a, tab[0], tab[1]);
-  __syncthreads();
-
-  /* tile t -> group j, first row m0, first column n0, the group's rows [gs, ge) */
-  auto decode = [&](int t, int &j, int &m0, int &n0, int &gs, int &ge) {
-    j = find_group(tile_prefix, GL, t);
-    gs = start[j];
-    ge = end[j];
-    int mt, nt;
-    panel_raster(t - tile_prefix[j], (ge - gs + BM3 - 1) / BM3, tiles_n, mt, nt);
-    m0 = gs + mt * BM3;
-    n0 = nt * BN;
-  };
-  int ring_slot = 0;
-  uint32_t ring_phase = 0;
-  auto ring_get = [&]() {
-    mbar_wait(tfull0 + 8 * ring_slot, ring_phase);
-    int v;
-    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(ring0 + 4 * ring_slot) : "memory");
-    mbar_arrive(tempty0 + 8 * ring_slot);
-    if (++ring_slot == RING) ring_slot = 0, ring_phase ^= 1;
-    return v;
-  };
-
-  /* The producer (thread 0): its own cursor over tiles and k-blocks, STAGES3 blocks ahead of the
-   * consumers; each call issues one block (none once every tile is issued). */
-  int p_t = blockIdx.x, p_j = 0, p_m0 = 0, p_n0 = 0, p_kb = nk, p_s = 0, p_slot = 0, claim = 0;
-  uint32_t p_phase = 0, p_ring_phase = 0;
-  auto ring_put = [&](int v) {
-    mbar_wait(tempty0 + 8 * p_slot, p_ring_phase ^ 1);
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ring0 + 4 * p_slot), "r"(v) : "memory");
-    mbar_arrive(tfull0 + 8 * p_slot);
-    if (++p_slot == RING) p_slot = 0, p_ring_phase ^= 1;
-  };
-  auto produce = [&]() {
-    if (p_kb == nk) { /* the current tile is issued: publish and decode the next one */
-      if (p_t >= total_tiles) return;
-      p_t = claim;
-      ring_put(p_t);
-      if (p_t >= total_tiles) return;
-      claim = gridDim.x + atomicAdd(a.counter, 1);
-      int gs, ge;
-      decode(p_t, p_j, p_m0, p_n0, gs, ge);
-      p_kb = 0;
-    }
-    const uint32_t full = full0 + 8 * p_s, sa = stage0 + p_s * S3_BYTES, sb = sa + A3_BYTES;
-    mbar_wait(empty0 + 8 * p_s, p_phase ^ 1);
-    mbar_expect_tx(full, S3_BYTES);
-    const int k0 = p_kb * BK;
-    tma_load_2d(sa, &map_a, k0, p_m0, full);
-    if (TRANS_B)
-      tma_load_3d(sb, &map_b, k0, p_n0, p_j, full);
-    else
-      tma_load_4d(sb, &map_b, 0, k0, p_n0 / 64, p_j, full);
-    ++p_kb;
-    if (++p_s == STAGES3) p_s = 0, p_phase ^= 1;
-  };
-
-  const int cw = threadIdx.x / 128; /* which 64 rows of the tile */
-  const int lt = threadIdx.x & 127, warp = lt >> 5, lane = lt & 31;
-  const bool producer = threadIdx.x == 0;
-  if (producer) {
-    claim = gridDim.x + atomicAdd(a.counter, 1);
-    ring_put(p_t);
-    if (p_t < total_tiles) {
-      int gs, ge;
-      decode(p_t, p_j, p_m0, p_n0, gs, ge);
-      p_kb = 0;
-    }
-    for (int i = 0; i < STAGES3; ++i) produce();
-  }
-  float acc[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-  int s = 0;
-  uint32_t phase = 0;
-  auto release = [&](int st) {
-    if (lane == 0) mbar_arrive(empty0 + 8 * st);
-  };
-  int nj = 0, nm0 = 0, nn0 = 0, ngs = 0, nge = 0;
-  int tn = ring_get();
-  if (tn < total_tiles) decode(tn, nj, nm0, nn0, ngs, nge);
-  for (int t = tn; t < total_tiles; t = tn) {
-    const int m0 = nm0, n0 = nn0, ge = nge;
-    if (cw > 0 && ge - m0 <= 64 * cw) { /* no row of this warpgroup's 64 is in the group */
-      for (int kb = 0; kb < nk; ++kb) {
-        mbar_wait(full0 + 8 * s, phase);
-        release(s);
-        if (++s == STAGES3) s = 0, phase ^= 1;
-      }
-      tn = ring_get();
-      if (tn < total_tiles) decode(tn, nj, nm0, nn0, ngs, nge);
-      continue;
-    }
-    int sd0 = 0; /* the tile's first wgmma ignores the accumulators' old values */
-    for (int kb = 0; kb < nk; ++kb) {
-      mbar_wait(full0 + 8 * s, phase);
-      const uint32_t sa = stage0 + s * S3_BYTES, sb = sa + A3_BYTES;
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) {
-        const uint64_t da = make_desc(sa + cw * 64 * 128 + kk * 32, 16, 1024);
-        const uint64_t db = TRANS_B ? make_desc(sb + kk * 32, 16, 1024)
-                                    : make_desc(sb + kk * 2048, BOX_BYTES, 1024);
-        wgmma_tile<T, 0, TRANS_B ? 0 : 1>(acc, da, db, kk == 0 ? sd0 : 1);
-      }
-      sd0 = 1;
-      wgmma_commit();
-      wgmma_wait1(); /* block kb stays in flight; kb - 1 is done: its stage goes back */
-      fence_operands(acc);
-      if (kb > 0) {
-        release(s == 0 ? STAGES3 - 1 : s - 1);
-        if (producer) produce();
-      }
-      if (++s == STAGES3) s = 0, phase ^= 1;
-    }
-    tn = ring_get(); /* the next tile, decoded while the last block drains */
-    if (tn < total_tiles) decode(tn, nj, nm0, nn0, ngs, nge);
-    wgmma_wait0();
-    fence_operands(acc);
-    release(s == 0 ? STAGES3 - 1 : s - 1);
-    if (producer) produce();
-
-    /* Epilogue: this warpgroup's 64x256 in two passes of 64x128 through its staging buffer */
-    if (m0 + cw * 64 + 64 <= ge) {
-      const uint32_t cbase = c_smem + cw * C3_WG;
-      auto pass = [&](auto p_c) {
-        constexpr int P = decltype(p_c)::value;
-        if (lt == 0) bulk_wait_read0(); /* the previous store has read the staging buffer */
-        named_bar(2 + cw, 128);
-        if (a.out_dtype == SL_DTYPE_BF16)
-          stage_half_stsm<__nv_bfloat16, 128, 16 * P, 16 * P + 16>(acc, cbase, warp, lane);
-        else
-          stage_half_stsm<__half, 128, 16 * P, 16 * P + 16>(acc, cbase, warp, lane);
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        named_bar(2 + cw, 128);
-        if (lt == 0) {
-          tma_store_2d(&map_c, cbase, n0 + 128 * P, m0 + cw * 64);
-          tma_store_2d(&map_c, cbase + BOX_BYTES, n0 + 128 * P + 64, m0 + cw * 64);
-          bulk_commit();
-        }
-      };
-      pass(std::integral_constant<int, 0>{});
-      pass(std::integral_constant<int, 1>{});
-    } else {
-      store_half_regs(acc, a.out, a.out_dtype, a.n, m0 + cw * 64, n0, ge, warp, lane);
-    }
-  }
-  if (lt == 0) bulk_wait0(); /* stores done before the CTA's shared memory goes away */
 #else
   (void)map_a, (void)map_b, (void)map_c, (void)a;
 #endif
@@ -1423,44 +1278,6 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   return SL_STATUS_SUCCESS;
 }
 
-/* V_3W's launch (gmm only; resolve_variant: N % 64 == 0 unless transpose_rhs, a counter) */
-template <typename T, bool TRANS_B>
-static sl_status launch3(const GmmArgs &a, int num_sms, cudaStream_t stream) {
-  CUtensorMap ma, mb, mc;
-  const uint64_t M = a.m, K = a.k, N = a.n, GL = a.num_local_groups;
-  const uint32_t box64[2] = {64, 64}, boxa[2] = {64, BM3};
-  const uint64_t da[2] = {K, M}, sa[1] = {K * 2}, dc[2] = {N, M}, sc[1] = {N * 2};
-  bool ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, boxa) &&
-            make_map(&mc, a.out, a.out_dtype, 2, dc, sc, box64);
-  if (TRANS_B) {
-    const uint64_t db[3] = {K, N, GL}, sb[2] = {K * 2, N * K * 2};
-    const uint32_t boxb[3] = {64, BN, 1};
-    ok = ok && make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, boxb);
-  } else {
-    const uint64_t db[4] = {64, K, N / 64, GL}, sb[3] = {N * 2, 128, K * N * 2};
-    const uint32_t boxb[4] = {64, 64, 4, 1};
-    ok = ok && make_map(&mb, a.rhs, a.in_dtype, 4, db, sb, boxb);
-  }
-  if (!ok) return SL_STATUS_UNSUPPORTED;
-  cudaError_t err = cudaMemsetAsync(a.counter, 0, sizeof(int), stream);
-  if (err != cudaSuccess)
-    return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): tile counter: %s",
-                        cudaGetErrorString(err));
-  auto kernel = gmm3_kernel<T, TRANS_B>;
-  const size_t smem =
-      pipe3_bytes() + (a.table ? 0 : table_ints(a.num_local_groups) * sizeof(int));
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (err != cudaSuccess)
-    return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): %zu bytes of shared memory: %s", smem,
-                        cudaGetErrorString(err));
-  kernel<<<(unsigned)num_sms, 384, smem, stream>>>(ma, mb, mc, a);
-  err = cudaGetLastError();
-  if (err != cudaSuccess)
-    return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): launch failed: %s",
-                        cudaGetErrorString(err));
-  return SL_STATUS_SUCCESS;
-}
-
 template <typename T, int VARIANT>
 static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t s) {
   if (tgmm) return launch<T, true, false, VARIANT>(a, num_sms, s);
@@ -1476,8 +1293,6 @@ constexpr int kDefaultGmm = V_FB, kDefaultTgmm = V_FB;
 static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   if (variant < 0) variant = tma_c_ok(a) ? (tgmm ? kDefaultTgmm : kDefaultGmm) : V_BASE;
   if (!is_variant(variant) || (has_tma_c(variant) && !tma_c_ok(a))) return -2;
-  if (variant == V_3W && (tgmm || a.counter == nullptr || (!a.transpose_rhs && a.n % 64)))
-    variant = V_FB; /* gmm only; its counter; the fused B boxes */
   if (is_dyn(variant) && a.counter == nullptr) return V_AHS; /* no workspace for the counter */
   if (has_fused_boxes(variant) && (a.n % 64 || (tgmm && a.k % 64))) return V_DYN;
   /* V_MD4 leaves ~1 KB of the 227 KB an sm_90 CTA may have (1 KB of it static) for the group
@@ -1497,8 +1312,7 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     case V_AHS: return launch_v<T, V_AHS>(a, tgmm, num_sms, s);
     case V_DYN: return launch_v<T, V_DYN>(a, tgmm, num_sms, s);
     case V_FB: return launch_v<T, V_FB>(a, tgmm, num_sms, s);
-    case V_3W:
-      return a.transpose_rhs ? launch3<T, true>(a, num_sms, s) : launch3<T, false>(a, num_sms, s);
+    case V_FC: return launch_v<T, V_FC>(a, tgmm, num_sms, s);
     default: {
       /* V_MD, V_MD4; clusters that cannot be placed: V_FB */
       const sl_status st = variant == V_MD4 ? launch_v<T, V_MD4>(a, tgmm, num_sms, s)
@@ -1538,8 +1352,7 @@ sl_status sm90_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     const bool pairs = sm90::cluster_of(variant) == 2;
     const int tiles_n = (a.n + bn - 1) / bn;
     const int tiles_k = (a.k + sm90::BM - 1) / sm90::BM;
-    const int bm = variant == sm90::V_3W ? sm90::BM3 : sm90::BM;
-    sl_status st = table_build_launch(a, tgmm, tgmm ? 0 : bm, tiles_n,
+    sl_status st = table_build_launch(a, tgmm, tgmm ? 0 : sm90::BM, tiles_n,
                                       sm90::tgmm_units_per_group(variant, tiles_k, tiles_n),
                                       stream, pairs);
     if (st != SL_STATUS_SUCCESS) return st;
