@@ -47,7 +47,8 @@ static_assert(
 
 /* Kernel variants (dev/cuda/gmm.cu times each; dev/NOTES.md has every version's prediction and
  * measurement, including the variants removed since - V_WAIT1 1, V_TMA_C0 3, V_MC 6, V_MCN 7,
- * V_OV 8, V_4S 9 - whose numbers are not reused):
+ * V_OV 8, V_4S 9, and 21-22, used twice: V_RS, V_RS4 (session 8), V_3W, V_FC (session 9, in the
+ * history at 43419fc and 6add3a9) - whose numbers are not to be reused again):
  *   V_BASE   4 stages, each k-block's wgmmas waited before the next (wait_group 0), epilogue
  *            stores straight from registers. Any output dtype: the f32-output path.
  *   V_TMA_C  3 stages, one k-block of wgmmas in flight (wait_group 1: a stage goes back one
@@ -80,12 +81,11 @@ enum Variant {
   V_DYN = 14,
   V_FB = 18,
   V_MD = 19,
-  V_MD4 = 20,
-  V_FC = 22
+  V_MD4 = 20
 };
 __host__ __device__ constexpr bool is_variant(int v) {
   return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_PP || v == V_AHS || v == V_DYN ||
-         v == V_FB || v == V_MD || v == V_MD4 || v == V_FC;
+         v == V_FB || v == V_MD || v == V_MD4;
 }
 /* V_AHS: V_TMA_CS with less work at tile boundaries, where both consumer warpgroups leave the
  * tensor pipe idle together (dev/cuda/trace.sh measured ~1000-1600 cycles of head - decoding the
@@ -134,20 +134,9 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * SM-to-SM network, and the extra stage covers that latency. gmm: V_FB's cycles with V_MD's L2
  * traffic, +1-3% alone under sustained load, 0.96-1.0x in turn; tgmm slower (the second staging
  * pass). Not the default: the benchmark times the implementations in turn. */
-/* V_FC: V_FB whose staged output leaves through ordinary 16-byte stores by warps 1-3 of the
- * producer warpgroup (tgmm: after their fix-ups of the tile) instead of a TMA store. The trace of
- * session 4 measured ~650 cycles per tgmm tile (of ~19,800) of waiting for the last tile's TMA
- * store to have read the staging buffer, issued a whole tile earlier; moving that wait into the
- * drain (session 9) changed nothing, so the store itself is slow to read the buffer - most likely
- * queued in the SM's one TMA unit behind the producer's loads. The copy warps read the buffer as
- * soon as it is staged (mbarrier "staged", 256 consumer arrivals) and hand it back ("free", 96). */
 __host__ __device__ constexpr bool is_mc(int v) { return v == V_MD || v == V_MD4; }
-__host__ __device__ constexpr bool has_fused_boxes(int v) {
-  return v == V_FB || v == V_FC || is_mc(v);
-}
-__host__ __device__ constexpr bool is_dyn(int v) {
-  return v == V_DYN || v == V_FB || v == V_FC || is_mc(v);
-}
+__host__ __device__ constexpr bool has_fused_boxes(int v) { return v == V_FB || is_mc(v); }
+__host__ __device__ constexpr bool is_dyn(int v) { return v == V_DYN || v == V_FB || is_mc(v); }
 __host__ __device__ constexpr bool has_ahead(int v) { return v == V_AHS || is_dyn(v); }
 __host__ __device__ constexpr bool has_tma_c(int v) { return v != V_BASE; }
 __host__ __device__ constexpr bool is_pp(int v) { return v == V_PP; }
@@ -363,7 +352,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr bool AHEAD = has_ahead(VARIANT); /* V_AHS: also the stmatrix epilogue */
   constexpr bool DYN = is_dyn(VARIANT);
   constexpr bool FB = has_fused_boxes(VARIANT); /* (gmm with transpose_rhs: nothing to fuse) */
-  constexpr bool COPY = VARIANT == V_FC; /* the output leaves through the copy warps */
   constexpr int TBN = bn_of(VARIANT), NB = TBN / 64; /* tile columns, 64-column B boxes */
   constexpr int SBYTES = stage_bytes_of(VARIANT);
   constexpr int PAIR = cluster_of(VARIANT); /* CTAs per cluster, tiles per scheduled unit */
@@ -409,12 +397,12 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(issued0 + 8 * s, 1); /* tgmm: the producer issued such a block into stage s */
     }
     /* V_PP: all 128 threads of the other consumer warpgroup have seen its last block land */
-    mbar_init(turn0, COPY ? 256 : 128);    /* V_FC: "staged" (every consumer thread) */
-    mbar_init(turn0 + 8, COPY ? 96 : 128); /* V_FC: "free" (every copy thread) */
+    mbar_init(turn0, 128);
+    mbar_init(turn0 + 8, 128);
     if constexpr (DYN) {
       for (int r = 0; r < RING; ++r) {
         mbar_init(tfull0 + 8 * r, 1);
-        mbar_init(tempty0 + 8 * r, 32 * (8 + (TGMM || COPY ? 3 : 0))); /* consumers, fixers */
+        mbar_init(tempty0 + 8 * r, 32 * (8 + (TGMM ? 3 : 0))); /* consumer, fixer threads */
         if constexpr (MC) {
           mbar_init(mfull0 + 8 * r, 1);
           mbar_init(mempty0 + 8 * r, 1);
@@ -604,12 +592,10 @@ __global__ void __launch_bounds__(THREADS, 1)
       SL_TR(p_end);
       SL_TR_ADD(TR_PROD, p_end - p_begin);
       SL_TR_STORE(true);
-    } else if ((TGMM || COPY) && threadIdx.x >= 32) {
+    } else if (TGMM && threadIdx.x >= 32) {
       /* Fixers (warps 1-3): the last block of a group's contraction holds rows of the next group
-       * (or TMA zeros past M); zero them in shared memory before the consumers read the stage.
-       * V_FC: then copy the tile's staged output to global memory. */
+       * (or TMA zeros past M); zero them in shared memory before the consumers read the stage. */
       const int ft = threadIdx.x - 32;
-      uint32_t copy_phase = 0;
       long long blk = 0;         /* k-blocks issued so far, as the producer counts them */
       uint32_t issued_phase = 0; /* bit s: parity of stage s's next "issued" phase */
       SL_TR_DECL;
@@ -647,32 +633,6 @@ __global__ void __launch_bounds__(THREADS, 1)
           SL_TR_ADD(TR_FIX_WORK, f2 - f1);
         }
         blk += nk;
-        if constexpr (COPY) {
-          /* the tile's two staged 64x256 halves (4 swizzled 64x64 boxes each) -> out, 16 bytes
-           * per thread and step: a warp writes 4 rows x 128 bytes; a gmm half past its group's end
-           * left from registers and is not in the buffer */
-          mbar_wait(turn0, copy_phase);
-          const int row_limit = TGMM ? a.k : ge;
-          char *outp = (char *)a.out + (TGMM ? (size_t)j * a.k * a.n * 2 : 0);
-          for (int c = ft; c < 2 * 4 * 64 * 8; c += 96) {
-            const int h = c >> 11, b = (c >> 9) & 3, r = (c >> 3) & 63, ch = c & 7;
-            const int row = m0 + h * 64 + r, col = n0 + b * 64 + ch * 8;
-            if ((!TGMM && m0 + h * 64 + 64 > ge) || row >= row_limit || col >= a.n) continue;
-            const uint32_t src = c_smem + h * (C_BYTES / 2) + b * BOX_BYTES + r * 128 +
-                                 ((ch ^ (r & 7)) << 4);
-            uint32_t v0, v1, v2, v3;
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
-                         : "r"(src)
-                         : "memory");
-            char *dst = outp + ((size_t)row * a.n + col) * 2;
-            asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(v0), "r"(v1),
-                         "r"(v2), "r"(v3)
-                         : "memory");
-          }
-          mbar_arrive(turn0 + 8);
-          copy_phase ^= 1;
-        }
       }
       SL_TR_STORE(ft == 0);
     }
@@ -841,12 +801,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     float acc[128];
     int s = 0;
     uint32_t phase = 0, fixed_phase = 0; /* bit s: parity of stage s's next "fixed" phase */
-    uint32_t free_phase = 1; /* V_FC: parity of the copy of the previous tile (none: passes) */
-    /* V_FC: wait until the copy warps have read the last tile out of the staging buffer */
-    auto wait_free = [&]() {
-      mbar_wait(turn0 + 8, free_phase);
-      free_phase ^= 1;
-    };
     /* Hands stage st back: to this CTA's producer, and (MC) to the peer's, which writes half of
      * this CTA's copy of it. */
     auto release = [&](int st) {
@@ -898,10 +852,6 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
           release(s);
           if (++s == STAGES) s = 0, phase ^= 1;
-        }
-        if constexpr (COPY) { /* one arrival per tile and thread, in tile order */
-          wait_free();
-          mbar_arrive(turn0);
         }
         decode_next();
         continue;
@@ -1039,19 +989,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       const int row_limit = TGMM ? a.k : ge;
       void *out =
           TGMM ? (void *)((char *)a.out + (size_t)j * a.k * a.n * dtype_bytes(a.out_dtype)) : a.out;
-      if constexpr (COPY) {
-        wait_free();
-        if (TGMM || m0 + cw * 64 + 64 <= ge) {
-          const uint32_t cbase = c_smem + cw * (C_BYTES / 2);
-          if (a.out_dtype == SL_DTYPE_BF16)
-            stage_half_stsm<__nv_bfloat16, 128>(acc, cbase, warp, lane);
-          else
-            stage_half_stsm<__half, 128>(acc, cbase, warp, lane);
-        } else {
-          store_half_regs(acc, out, a.out_dtype, a.n, m0 + cw * 64, n0, row_limit, warp, lane);
-        }
-        mbar_arrive(turn0); /* release: the copy warps see the staged half */
-      } else if (TMA_C && (TGMM || m0 + cw * 64 + 64 <= ge)) {
+      if (TMA_C && (TGMM || m0 + cw * 64 + 64 <= ge)) {
         /* This warpgroup's 64x256 half: 4 boxes of 64x64, 128B-swizzled like the TMA map, in one
          * pass, or (V_MD4, half the staging buffer) two passes of 2 boxes, the second waiting for
          * the first's store to have read the buffer. */
@@ -1312,7 +1250,6 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     case V_AHS: return launch_v<T, V_AHS>(a, tgmm, num_sms, s);
     case V_DYN: return launch_v<T, V_DYN>(a, tgmm, num_sms, s);
     case V_FB: return launch_v<T, V_FB>(a, tgmm, num_sms, s);
-    case V_FC: return launch_v<T, V_FC>(a, tgmm, num_sms, s);
     default: {
       /* V_MD, V_MD4; clusters that cannot be placed: V_FB */
       const sl_status st = variant == V_MD4 ? launch_v<T, V_MD4>(a, tgmm, num_sms, s)

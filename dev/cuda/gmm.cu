@@ -27,8 +27,8 @@
  *      odd row tile: pairs of column blocks that share A), each CTA loading its own operand and
  *      half of the shared one; units claimed by the rank-0 CTA and posted to its peer (V_MD)
  *  22  as 21 with 4 stages, the output staged in two 64x128 passes per warpgroup (V_MD4)
- * (17-19, session 6's V_NS, V_HA, V_EW, and 23-24, session 8's V_RS, V_RS4, were measured and
- *  removed: dev/NOTES.md.)
+ * (17-19, session 6's V_NS, V_HA, V_EW, 23-24, session 8's V_RS, V_RS4, and again 23-24,
+ *  session 9's V_3W (commit 43419fc) and V_FC (6add3a9), were measured and removed: dev/NOTES.md.)
  * (tgmm, all sm90 versions: rows past a group's end are zeroed by the producer warpgroup's spare
  *  warps, off the consumers' path.)
  *
@@ -69,7 +69,7 @@
   } while (0)
 
 static const bool kTgmm = HARNESS_TGMM;
-static const int kVersions = 24;
+static const int kVersions = 22;
 /* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
  * removed ones are not reused) */
 static bool version_exists(int v) { return v == 1 || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2)); }
