@@ -16,7 +16,7 @@ for c in ${CASES:?}; do
   IFS=: read -r op v shape sizes <<<"$c"
   name="ncu-$op-v$v-${shape%%-*}-$sizes"
   HARNESS_NOCHECK=1 HARNESS_SHAPES=$shape HARNESS_MODES=$sizes HARNESS_REPS=1 \
-    timeout 300 ncu --clock-control none --kernel-name "regex:${KERNEL_RE:-gmm3?_kernel}" --launch-skip 2 --launch-count 1 --set full \
+    timeout 300 ncu --clock-control none --kernel-name regex:gmm_kernel --launch-skip 2 --launch-count 1 --set full \
     --metrics dram__bytes_read.sum,lts__t_bytes.sum --import-source no -f -o "/tmp/$name" "$BUILD/$op" "$v" >"/tmp/$name.log" 2>&1
   echo "$c: ncu rc=$?"
   ncu --import "/tmp/$name.ncu-rep" --print-details all >"$OUT/$name.txt" 2>&1
