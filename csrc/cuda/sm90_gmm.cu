@@ -81,11 +81,14 @@ enum Variant {
   V_DYN = 14,
   V_FB = 18,
   V_MD = 19,
-  V_MD4 = 20
+  V_MD4 = 20,
+  V_LG0 = 23,
+  V_LG2 = 24,
+  V_LG3 = 25
 };
 __host__ __device__ constexpr bool is_variant(int v) {
   return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_PP || v == V_AHS || v == V_DYN ||
-         v == V_FB || v == V_MD || v == V_MD4;
+         v == V_FB || v == V_MD || v == V_MD4 || v == V_LG0 || v == V_LG2 || v == V_LG3;
 }
 /* V_AHS: V_TMA_CS with less work at tile boundaries, where both consumer warpgroups leave the
  * tensor pipe idle together (dev/cuda/trace.sh measured ~1000-1600 cycles of head - decoding the
@@ -134,9 +137,27 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * SM-to-SM network, and the extra stage covers that latency. gmm: V_FB's cycles with V_MD's L2
  * traffic, +1-3% alone under sustained load, 0.96-1.0x in turn; tgmm slower (the second staging
  * pass). Not the default: the benchmark times the implementations in turn. */
+/* V_LG0, V_LG2, V_LG3 (tgmm only; gmm runs V_FB): V_FB whose two consumer warpgroups do not finish
+ * a tile together. In the cooperative schedule both warpgroups reach a tile's end at once, and
+ * the tensor pipe idles through their epilogues together (~10% of a 16-block tgmm tile,
+ * dev/NOTES.md). Here warpgroup 2 starts each tile only once warpgroup 1 has issued LAG k-blocks
+ * of it (a per-tile "lag" barrier beside each slot of the tile ring), so each warpgroup's
+ * epilogue runs while the other still issues wgmmas, and the tensor pipe, which one warpgroup can
+ * keep full alone, stays busy through it. The lag needs stages: blocks of 32 contraction rows (24
+ * KB stages, 6 of them in the 144 KB of V_FB's 3 x 48 KB), so the two warpgroups hold LAG + 2
+ * stages and the producer keeps V_FB's 1024-cycle lookahead for LAG = 2. V_LG0 is the control
+ * (32-row blocks, no lag); V_LG3 trades half a block of lookahead for a longer lag. */
+__host__ __device__ constexpr int lag_of(int v) {
+  return v == V_LG2 ? 2 : v == V_LG3 ? 3 : 0;
+}
+__host__ __device__ constexpr bool is_lg(int v) { return v == V_LG0 || v == V_LG2 || v == V_LG3; }
 __host__ __device__ constexpr bool is_mc(int v) { return v == V_MD || v == V_MD4; }
-__host__ __device__ constexpr bool has_fused_boxes(int v) { return v == V_FB || is_mc(v); }
-__host__ __device__ constexpr bool is_dyn(int v) { return v == V_DYN || v == V_FB || is_mc(v); }
+__host__ __device__ constexpr bool has_fused_boxes(int v) {
+  return v == V_FB || is_mc(v) || is_lg(v);
+}
+__host__ __device__ constexpr bool is_dyn(int v) {
+  return v == V_DYN || v == V_FB || is_mc(v) || is_lg(v);
+}
 __host__ __device__ constexpr bool has_ahead(int v) { return v == V_AHS || is_dyn(v); }
 __host__ __device__ constexpr bool has_tma_c(int v) { return v != V_BASE; }
 __host__ __device__ constexpr bool is_pp(int v) { return v == V_PP; }
@@ -144,9 +165,12 @@ __host__ __device__ constexpr bool has_skip(int v) { return v == V_TMA_CS || v >
 __host__ __device__ constexpr int cluster_of(int v) { return is_mc(v) ? 2 : 1; }
 __host__ __device__ constexpr int bn_of(int v) { return is_pp(v) ? 128 : BN; }
 __host__ __device__ constexpr int stages_of(int v) {
-  return is_pp(v) ? 5 : v == V_MD4 ? 4 : has_tma_c(v) ? 3 : 4;
+  return is_lg(v) ? 6 : is_pp(v) ? 5 : v == V_MD4 ? 4 : has_tma_c(v) ? 3 : 4;
 }
-__host__ __device__ constexpr int stage_bytes_of(int v) { return A_BYTES + bn_of(v) * BK * 2; }
+/* contraction rows (tgmm) or K columns (gmm) per k-block, and one 64-wide swizzled input box */
+__host__ __device__ constexpr int bk_of(int v) { return is_lg(v) ? 32 : BK; }
+__host__ __device__ constexpr int in_box_bytes(int v) { return 64 * bk_of(v) * 2; }
+__host__ __device__ constexpr int stage_bytes_of(int v) { return (BM + bn_of(v)) * bk_of(v) * 2; }
 /* TMA_C staging: the 128x256 tile (64 KB), or 64x128 per warpgroup for V_PP (2 x 16 KB). */
 __host__ __device__ constexpr int c_bytes_of(int v) {
   return is_pp(v) ? 2 * 64 * 128 * 2 : v == V_MD4 ? C_BYTES / 2 : has_tma_c(v) ? C_BYTES : 0;
@@ -163,13 +187,14 @@ __host__ __device__ constexpr size_t pipe_bytes(int v) {
   return 1024 /* alignment slack */ + (size_t)stages_of(v) * stage_bytes_of(v) + c_bytes_of(v) +
          4 * stages_of(v) * 8 + 2 * 8 /* V_PP's turn barriers */ +
          (is_dyn(v) ? RING * (8 + 8 + 4) : 0) /* V_DYN's ring: two barriers and an int a slot */ +
-         (cluster_of(v) == 2 ? RING * (8 + 8 + 4) : 0) /* V_MD's mailbox, the same */;
+         (cluster_of(v) == 2 ? RING * (8 + 8 + 4) : 0) /* V_MD's mailbox, the same */ +
+         (lag_of(v) ? RING * 8 : 0) /* V_LG*'s lag barrier per ring slot */;
 }
 /* tgmm: the last contraction block of a group holds rv valid rows (1..64); rows [rv, fix_end)
  * belong to the next group (or are TMA zeros past M) and must be zeroed before the wgmma reads
  * them. With the skips only the k16 steps below ceil16(rv) run, so only those rows matter. */
 __host__ __device__ constexpr int fix_end(int v, int rv) {
-  return has_skip(v) ? ((rv + 15) & ~15) : BK;
+  return has_skip(v) ? ((rv + 15) & ~15) : bk_of(v);
 }
 
 #ifdef SLUICE_SM90A_DEVICE
@@ -354,8 +379,12 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr bool FB = has_fused_boxes(VARIANT); /* (gmm with transpose_rhs: nothing to fuse) */
   constexpr int TBN = bn_of(VARIANT), NB = TBN / 64; /* tile columns, 64-column B boxes */
   constexpr int SBYTES = stage_bytes_of(VARIANT);
+  /* k-block rows, one input box, a stage's A part; V_LG*: k-blocks a warpgroup 2 tile waits for */
+  constexpr int BKV = bk_of(VARIANT), IBOX = in_box_bytes(VARIANT), A_B = 2 * IBOX;
+  constexpr int LAG = lag_of(VARIANT);
   constexpr int PAIR = cluster_of(VARIANT); /* CTAs per cluster, tiles per scheduled unit */
   constexpr bool MC = PAIR == 2;
+  static_assert(!is_lg(VARIANT) || (TGMM && !MC), "V_LG* is a tgmm variant on single CTAs");
   const uint32_t rank = MC ? cluster_ctarank() : 0, peer = rank ^ 1;
   const int cid = blockIdx.x / PAIR, ncl = gridDim.x / PAIR; /* cluster id and count */
   extern __shared__ __align__(1024) unsigned char smem_sm90[];
@@ -375,6 +404,9 @@ __global__ void __launch_bounds__(THREADS, 1)
    * (mfull0 + 8r, the rank-0 producer arrives remotely); rank 0's mempty0 + 8r: read (the rank-1
    * producer arrives remotely) */
   const uint32_t mfull0 = ring0 + RING * 4, mempty0 = mfull0 + RING * 8, mbox0 = mempty0 + RING * 8;
+  /* V_LG*'s lag barriers (never on clusters: the mailbox's place): slot r's tile has had its
+   * first LAG k-blocks issued by consumer warpgroup 1 */
+  const uint32_t lag0 = mfull0;
 
   /* units of work per group: tiles, or (MC) pairs of tiles */
   const int tiles_n = (a.n + TBN - 1) / TBN, tiles_k = (a.k + BM - 1) / BM;
@@ -407,6 +439,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           mbar_init(mfull0 + 8 * r, 1);
           mbar_init(mempty0 + 8 * r, 1);
         }
+        if constexpr (LAG > 0) mbar_init(lag0 + 8 * r, 1);
       }
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -442,13 +475,13 @@ __global__ void __launch_bounds__(THREADS, 1)
       panel_raster(u, tm, tiles_n, mt, nt);
     }
     m0 = (TGMM ? 0 : gs) + mt * BM;
-    nk = TGMM ? (ge - gs + BK - 1) / BK : (a.k + BK - 1) / BK;
+    nk = TGMM ? (ge - gs + BKV - 1) / BKV : (a.k + BKV - 1) / BKV;
     n0 = nt * TBN;
     return across;
   };
   /* tgmm: does the last block of a tile with nk blocks over `rows` rows need zeroing? */
   auto needs_fix = [&](int nk, int rows) {
-    const int rv = rows - (nk - 1) * BK;
+    const int rv = rows - (nk - 1) * BKV;
     return TGMM && nk > 0 && rv < fix_end(VARIANT, rv);
   };
   /* V_DYN: the next tile index from the ring (called by every consumer and fixer thread, in
@@ -456,11 +489,15 @@ __global__ void __launch_bounds__(THREADS, 1)
    * itself after its read, so no read can meet the producer's next write to the slot. */
   int ring_slot = 0;
   uint32_t ring_phase = 0;
-  auto ring_get = [&]() {
+  /* the slot (and its phase) of the last index read; hold: hand the slot back later (V_LG*) */
+  int got_slot = 0;
+  uint32_t got_phase = 0;
+  auto ring_get = [&](bool hold) {
     mbar_wait(tfull0 + 8 * ring_slot, ring_phase);
     int v;
     asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(ring0 + 4 * ring_slot) : "memory");
-    mbar_arrive(tempty0 + 8 * ring_slot);
+    if (!hold) mbar_arrive(tempty0 + 8 * ring_slot);
+    got_slot = ring_slot, got_phase = ring_phase;
     if (++ring_slot == RING) ring_slot = 0, ring_phase ^= 1;
     return v;
   };
@@ -524,7 +561,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           SL_TR_ADD(TR_P_EMPTY, w1 - w0);
           if (kb == 0) SL_TR_ADD(TR_P_EMPTY0, w1 - w0);
           mbar_expect_tx(full, SBYTES);
-          const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_BYTES;
+          const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_B;
           if (MC) {
             /* this CTA's own operand, and its half of the shared one multicast to both CTAs at
              * the same offset: B's 128-column half (a pair of row tiles) or A's 64-row half (a
@@ -561,7 +598,7 @@ __global__ void __launch_bounds__(THREADS, 1)
               }
             }
           } else if (TGMM) {
-            const int r0 = gs + kb * BK;
+            const int r0 = gs + kb * BKV;
             if (FB) {
               tma_load_3d(sa, &map_a, 0, r0, m0 / 64, full);
               tma_load_3d(sb, &map_b, 0, r0, n0 / 64, full);
@@ -599,11 +636,12 @@ __global__ void __launch_bounds__(THREADS, 1)
       long long blk = 0;         /* k-blocks issued so far, as the producer counts them */
       uint32_t issued_phase = 0; /* bit s: parity of stage s's next "issued" phase */
       SL_TR_DECL;
-      for (int t = DYN ? ring_get() : cid; t < total_tiles; t = DYN ? ring_get() : t + ncl) {
+      for (int t = DYN ? ring_get(false) : cid; t < total_tiles;
+           t = DYN ? ring_get(false) : t + ncl) {
         int j, m0, n0, nk, gs, ge;
         decode(t, j, m0, n0, nk, gs, ge);
         if (needs_fix(nk, ge - gs)) {
-          const int rv = ge - gs - (nk - 1) * BK; /* valid rows of the last block */
+          const int rv = ge - gs - (nk - 1) * BKV; /* valid rows of the last block */
           const int fe = fix_end(VARIANT, rv);
           const long long b = blk + nk - 1;
           const int s = (int)(b % STAGES);
@@ -616,13 +654,13 @@ __global__ void __launch_bounds__(THREADS, 1)
           mbar_wait(full0 + 8 * s, (uint32_t)((b / STAGES) & 1));
           SL_TR(f1);
           SL_TR_ADD(TR_FIX_WAIT, f1 - f0);
-          const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_BYTES;
+          const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_B;
           constexpr int PER_ROW = (2 + NB) * 8; /* (2 A + NB B boxes) x 16-byte chunks */
           const int chunks = (fe - rv) * PER_ROW;
           for (int c = ft; c < chunks; c += 96) {
             const int row = rv + c / PER_ROW, box = (c % PER_ROW) / 8, ch = c % 8;
             const uint32_t addr =
-                (box < 2 ? sa + box * BOX_BYTES : sb + (box - 2) * BOX_BYTES) + row * 128 + ch * 16;
+                (box < 2 ? sa + box * IBOX : sb + (box - 2) * IBOX) + row * 128 + ch * 16;
             asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0)
                          : "memory");
           }
@@ -818,7 +856,11 @@ __global__ void __launch_bounds__(THREADS, 1)
     /* AHEAD: the next tile, decoded while the current one's last k-block drains; the
      * accumulators are defined once here and then left to scale_d = 0 on a tile's first wgmma */
     int nj = 0, nm0 = 0, nn0 = 0, nnk = 0, ngs = 0, nge = 0;
-    int tn = DYN ? ring_get() : cid; /* the next tile */
+    /* V_LG*: warpgroup 2 holds each ring slot until its lag wait for that tile, so warpgroup 1
+     * cannot arrive on the slot's lag barrier for a later tile before the wait (a parity wait
+     * two phases behind would never return) */
+    const bool hold = LAG > 0 && cw == 1;
+    int tn = DYN ? ring_get(hold) : cid; /* the next tile */
     if constexpr (AHEAD) {
       if (tn < total_tiles) decode(tn, nj, nm0, nn0, nnk, ngs, nge);
 #pragma unroll
@@ -832,10 +874,19 @@ __global__ void __launch_bounds__(THREADS, 1)
         decode(t, j, m0, n0, nk, gs, ge);
       /* every path through a tile calls this once */
       auto decode_next = [&]() {
-        tn = DYN ? ring_get() : t + ncl;
+        tn = DYN ? ring_get(hold) : t + ncl;
         if (AHEAD && tn < total_tiles) decode(tn, nj, nm0, nn0, nnk, ngs, nge);
       };
       const bool fix = needs_fix(nk, ge - gs);
+      const int cur_slot = got_slot; /* this tile's ring slot (decode_next reads the next one) */
+      if constexpr (LAG > 0) {
+        if (cw == 1) {
+          mbar_wait(lag0 + 8 * cur_slot, got_phase);
+          mbar_arrive(tempty0 + 8 * cur_slot);
+        } else if (nk == 0 && lt == 0) {
+          mbar_arrive(lag0 + 8 * cur_slot);
+        }
+      }
 #ifdef SLUICE_SM90_TRACE
       tr_first = true;
 #endif
@@ -878,12 +929,12 @@ __global__ void __launch_bounds__(THREADS, 1)
             SL_TR(f1);
             SL_TR_ADD(TR_FULL, f1 - f0);
           }
-          const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_BYTES;
+          const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_B;
           wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < NKK; ++kk) {
-            const uint64_t da = make_desc(sa + cw * BOX_BYTES + kk * 2048, BOX_BYTES, 1024);
-            const uint64_t db = make_desc(sb + kk * 2048, BOX_BYTES, 1024);
+            const uint64_t da = make_desc(sa + cw * IBOX + kk * 2048, IBOX, 1024);
+            const uint64_t db = make_desc(sb + kk * 2048, IBOX, 1024);
             wgmma_tile<T, 1, 1>(acc, da, db, kk == 0 ? sd0 : 1);
           }
           sd0 = 1;
@@ -897,25 +948,40 @@ __global__ void __launch_bounds__(THREADS, 1)
           if (kb > 0) release(s == 0 ? STAGES - 1 : s - 1);
           if (++s == STAGES) s = 0, phase ^= 1;
         };
+        /* V_LG*: warpgroup 1 lets warpgroup 2 start this tile once it has issued min(LAG, nk)
+         * blocks of it (an empty tile: at its start, below) */
+        const int gate_kb = (nk < LAG ? nk : LAG) - 1;
+        auto gate = [&](int kb) {
+          if (LAG > 0 && cw == 0 && lt == 0 && kb == gate_kb) mbar_arrive(lag0 + 8 * cur_slot);
+        };
         auto mainloop = [&](auto nkl_c) {
           int kb = 0;
           for (; kb < nk - 1; ++kb) {
-            kblock(std::integral_constant<int, BK / 16>{}, std::false_type{});
+            kblock(std::integral_constant<int, BKV / 16>{}, std::false_type{});
+            gate(kb);
             release_prev(kb);
           }
           kblock(nkl_c, std::true_type{});
+          gate(kb);
           release_prev(kb);
         };
         if (nk > 0) {
-          const int nkl = (ge - gs - (nk - 1) * BK + 15) / 16;
-          if (nkl == 1)
-            mainloop(std::integral_constant<int, 1>{});
-          else if (nkl == 2)
-            mainloop(std::integral_constant<int, 2>{});
-          else if (nkl == 3)
-            mainloop(std::integral_constant<int, 3>{});
-          else
-            mainloop(std::integral_constant<int, 4>{});
+          const int nkl = (ge - gs - (nk - 1) * BKV + 15) / 16;
+          if constexpr (BKV == 32) {
+            if (nkl == 1)
+              mainloop(std::integral_constant<int, 1>{});
+            else
+              mainloop(std::integral_constant<int, 2>{});
+          } else {
+            if (nkl == 1)
+              mainloop(std::integral_constant<int, 1>{});
+            else if (nkl == 2)
+              mainloop(std::integral_constant<int, 2>{});
+            else if (nkl == 3)
+              mainloop(std::integral_constant<int, 3>{});
+            else
+              mainloop(std::integral_constant<int, 4>{});
+          }
         }
         decode_next(); /* (AHEAD) while the last k-block drains */
         SL_TR(d0);
@@ -1045,6 +1111,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       SL_TR_ADD(TR_BLOCKS, nk);
 #endif
     }
+    if (LAG > 0 && cw == 1) mbar_arrive(tempty0 + 8 * got_slot); /* the end mark's slot */
     if (TMA_C && lt == 0) bulk_wait0(); /* stores done before the CTA's shared memory goes away */
     SL_TR(c_end);
     SL_TR_ADD(TR_CONS, c_end - c_begin);
@@ -1103,7 +1170,8 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   constexpr bool MC = cluster_of(VARIANT) == 2;
   const uint32_t box64[3] = {64, 64, 1};
   bool ok;
-  const uint32_t box_fa[3] = {64, 64, 2}, box_fb[4] = {64, 64, 4, 1};
+  constexpr uint32_t BKV = bk_of(VARIANT); /* rows of a k-block */
+  const uint32_t box_fa[3] = {64, BKV, 2}, box_fb[4] = {64, BKV, 4, 1};
   const uint32_t box_fa2[3] = {64, 64, 1}, box_fb2[4] = {64, 64, 2, 1};
   if (TGMM) {
     if (has_fused_boxes(VARIANT)) {
@@ -1218,9 +1286,14 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
 
 template <typename T, int VARIANT>
 static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t s) {
-  if (tgmm) return launch<T, true, false, VARIANT>(a, num_sms, s);
-  return a.transpose_rhs ? launch<T, false, true, VARIANT>(a, num_sms, s)
-                         : launch<T, false, false, VARIANT>(a, num_sms, s);
+  if constexpr (is_lg(VARIANT)) { /* tgmm only (resolve_variant) */
+    if (!tgmm) return SL_STATUS_UNSUPPORTED;
+    return launch<T, true, false, VARIANT>(a, num_sms, s);
+  } else {
+    if (tgmm) return launch<T, true, false, VARIANT>(a, num_sms, s);
+    return a.transpose_rhs ? launch<T, false, true, VARIANT>(a, num_sms, s)
+                           : launch<T, false, false, VARIANT>(a, num_sms, s);
+  }
 }
 
 /* The variant that runs: `variant` if given (-1: the default for these arguments), or
@@ -1231,6 +1304,7 @@ constexpr int kDefaultGmm = V_FB, kDefaultTgmm = V_FB;
 static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   if (variant < 0) variant = tma_c_ok(a) ? (tgmm ? kDefaultTgmm : kDefaultGmm) : V_BASE;
   if (!is_variant(variant) || (has_tma_c(variant) && !tma_c_ok(a))) return -2;
+  if (is_lg(variant) && !tgmm) variant = V_FB; /* the lag variants are written for tgmm */
   if (is_dyn(variant) && a.counter == nullptr) return V_AHS; /* no workspace for the counter */
   if (has_fused_boxes(variant) && (a.n % 64 || (tgmm && a.k % 64))) return V_DYN;
   /* V_MD4 leaves ~1 KB of the 227 KB an sm_90 CTA may have (1 KB of it static) for the group
@@ -1250,6 +1324,9 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     case V_AHS: return launch_v<T, V_AHS>(a, tgmm, num_sms, s);
     case V_DYN: return launch_v<T, V_DYN>(a, tgmm, num_sms, s);
     case V_FB: return launch_v<T, V_FB>(a, tgmm, num_sms, s);
+    case V_LG0: return launch_v<T, V_LG0>(a, tgmm, num_sms, s);
+    case V_LG2: return launch_v<T, V_LG2>(a, tgmm, num_sms, s);
+    case V_LG3: return launch_v<T, V_LG3>(a, tgmm, num_sms, s);
     default: {
       /* V_MD, V_MD4; clusters that cannot be placed: V_FB */
       const sl_status st = variant == V_MD4 ? launch_v<T, V_MD4>(a, tgmm, num_sms, s)
