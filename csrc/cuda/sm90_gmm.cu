@@ -47,8 +47,9 @@ static_assert(
 
 /* Kernel variants (dev/cuda/gmm.cu times each; dev/NOTES.md has every version's prediction and
  * measurement, including the variants removed since - V_WAIT1 1, V_TMA_C0 3, V_MC 6, V_MCN 7,
- * V_OV 8, V_4S 9, and 21-22, used twice: V_RS, V_RS4 (session 8), V_3W, V_FC (session 9, in the
- * history at 43419fc and 6add3a9) - whose numbers are not to be reused again):
+ * V_OV 8, V_4S 9, 21-22, used twice: V_RS, V_RS4 (session 8), V_3W, V_FC (session 9, in the
+ * history at 43419fc and 6add3a9), and 24-25: V_LG2, V_LG3 (session 10, at 1874ec4) - whose
+ * numbers are not to be reused again; the next new variant is 26, harness version 28):
  *   V_BASE   4 stages, each k-block's wgmmas waited before the next (wait_group 0), epilogue
  *            stores straight from registers. Any output dtype: the f32-output path.
  *   V_TMA_C  3 stages, one k-block of wgmmas in flight (wait_group 1: a stage goes back one
@@ -82,13 +83,11 @@ enum Variant {
   V_FB = 18,
   V_MD = 19,
   V_MD4 = 20,
-  V_LG0 = 23,
-  V_LG2 = 24,
-  V_LG3 = 25
+  V_K32 = 23
 };
 __host__ __device__ constexpr bool is_variant(int v) {
   return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_PP || v == V_AHS || v == V_DYN ||
-         v == V_FB || v == V_MD || v == V_MD4 || v == V_LG0 || v == V_LG2 || v == V_LG3;
+         v == V_FB || v == V_MD || v == V_MD4 || v == V_K32;
 }
 /* V_AHS: V_TMA_CS with less work at tile boundaries, where both consumer warpgroups leave the
  * tensor pipe idle together (dev/cuda/trace.sh measured ~1000-1600 cycles of head - decoding the
@@ -137,26 +136,21 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * SM-to-SM network, and the extra stage covers that latency. gmm: V_FB's cycles with V_MD's L2
  * traffic, +1-3% alone under sustained load, 0.96-1.0x in turn; tgmm slower (the second staging
  * pass). Not the default: the benchmark times the implementations in turn. */
-/* V_LG0, V_LG2, V_LG3 (tgmm only; gmm runs V_FB): V_FB whose two consumer warpgroups do not finish
- * a tile together. In the cooperative schedule both warpgroups reach a tile's end at once, and
- * the tensor pipe idles through their epilogues together (~10% of a 16-block tgmm tile,
- * dev/NOTES.md). Here warpgroup 2 starts each tile only once warpgroup 1 has issued LAG k-blocks
- * of it (a per-tile "lag" barrier beside each slot of the tile ring), so each warpgroup's
- * epilogue runs while the other still issues wgmmas, and the tensor pipe, which one warpgroup can
- * keep full alone, stays busy through it. The lag needs stages: blocks of 32 contraction rows (24
- * KB stages, 6 of them in the 144 KB of V_FB's 3 x 48 KB), so the two warpgroups hold LAG + 2
- * stages and the producer keeps V_FB's 1024-cycle lookahead for LAG = 2. V_LG0 is the control
- * (32-row blocks, no lag); V_LG3 trades half a block of lookahead for a longer lag. */
-__host__ __device__ constexpr int lag_of(int v) {
-  return v == V_LG2 ? 2 : v == V_LG3 ? 3 : 0;
-}
-__host__ __device__ constexpr bool is_lg(int v) { return v == V_LG0 || v == V_LG2 || v == V_LG3; }
+/* V_K32 (tgmm only; gmm runs V_FB): V_FB with k-blocks of 32 contraction rows in 6 stages of 24
+ * KB (the 144 KB of V_FB's 3 x 48 KB). The two consumer warpgroups still hold the last two blocks
+ * (wait_group 1), now 64 rows instead of 128, so the producer's lookahead is 4 blocks of 32 rather
+ * than one of 64, and a group's last, partial block loads and waits for 32 rows rather than 64.
+ * Harness (one H200, 2026-11-24, gmm-harness-20261124-J.txt): 1.000-1.006x of V_FB on uniform
+ * sizes, 1.010-1.026x ragged, 1.002-1.012x skewed. Written as the control of a lag experiment
+ * (warpgroup 2 held 2-3 blocks behind warpgroup 1, so that each epilogue overlaps the other's
+ * wgmmas: 0.96-1.00x of V_FB, removed; in the history at 1874ec4). */
+__host__ __device__ constexpr bool is_k32(int v) { return v == V_K32; }
 __host__ __device__ constexpr bool is_mc(int v) { return v == V_MD || v == V_MD4; }
 __host__ __device__ constexpr bool has_fused_boxes(int v) {
-  return v == V_FB || is_mc(v) || is_lg(v);
+  return v == V_FB || is_mc(v) || is_k32(v);
 }
 __host__ __device__ constexpr bool is_dyn(int v) {
-  return v == V_DYN || v == V_FB || is_mc(v) || is_lg(v);
+  return v == V_DYN || v == V_FB || is_mc(v) || is_k32(v);
 }
 __host__ __device__ constexpr bool has_ahead(int v) { return v == V_AHS || is_dyn(v); }
 __host__ __device__ constexpr bool has_tma_c(int v) { return v != V_BASE; }
@@ -165,10 +159,10 @@ __host__ __device__ constexpr bool has_skip(int v) { return v == V_TMA_CS || v >
 __host__ __device__ constexpr int cluster_of(int v) { return is_mc(v) ? 2 : 1; }
 __host__ __device__ constexpr int bn_of(int v) { return is_pp(v) ? 128 : BN; }
 __host__ __device__ constexpr int stages_of(int v) {
-  return is_lg(v) ? 6 : is_pp(v) ? 5 : v == V_MD4 ? 4 : has_tma_c(v) ? 3 : 4;
+  return is_k32(v) ? 6 : is_pp(v) ? 5 : v == V_MD4 ? 4 : has_tma_c(v) ? 3 : 4;
 }
 /* contraction rows (tgmm) or K columns (gmm) per k-block, and one 64-wide swizzled input box */
-__host__ __device__ constexpr int bk_of(int v) { return is_lg(v) ? 32 : BK; }
+__host__ __device__ constexpr int bk_of(int v) { return is_k32(v) ? 32 : BK; }
 __host__ __device__ constexpr int in_box_bytes(int v) { return 64 * bk_of(v) * 2; }
 __host__ __device__ constexpr int stage_bytes_of(int v) { return (BM + bn_of(v)) * bk_of(v) * 2; }
 /* TMA_C staging: the 128x256 tile (64 KB), or 64x128 per warpgroup for V_PP (2 x 16 KB). */
@@ -187,8 +181,7 @@ __host__ __device__ constexpr size_t pipe_bytes(int v) {
   return 1024 /* alignment slack */ + (size_t)stages_of(v) * stage_bytes_of(v) + c_bytes_of(v) +
          4 * stages_of(v) * 8 + 2 * 8 /* V_PP's turn barriers */ +
          (is_dyn(v) ? RING * (8 + 8 + 4) : 0) /* V_DYN's ring: two barriers and an int a slot */ +
-         (cluster_of(v) == 2 ? RING * (8 + 8 + 4) : 0) /* V_MD's mailbox, the same */ +
-         (lag_of(v) ? RING * 8 : 0) /* V_LG*'s lag barrier per ring slot */;
+         (cluster_of(v) == 2 ? RING * (8 + 8 + 4) : 0) /* V_MD's mailbox, the same */;
 }
 /* tgmm: the last contraction block of a group holds rv valid rows (1..64); rows [rv, fix_end)
  * belong to the next group (or are TMA zeros past M) and must be zeroed before the wgmma reads
@@ -379,12 +372,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr bool FB = has_fused_boxes(VARIANT); /* (gmm with transpose_rhs: nothing to fuse) */
   constexpr int TBN = bn_of(VARIANT), NB = TBN / 64; /* tile columns, 64-column B boxes */
   constexpr int SBYTES = stage_bytes_of(VARIANT);
-  /* k-block rows, one input box, a stage's A part; V_LG*: k-blocks a warpgroup 2 tile waits for */
+  /* rows of a k-block, one input box, a stage's A part */
   constexpr int BKV = bk_of(VARIANT), IBOX = in_box_bytes(VARIANT), A_B = 2 * IBOX;
-  constexpr int LAG = lag_of(VARIANT);
   constexpr int PAIR = cluster_of(VARIANT); /* CTAs per cluster, tiles per scheduled unit */
   constexpr bool MC = PAIR == 2;
-  static_assert(!is_lg(VARIANT) || (TGMM && !MC), "V_LG* is a tgmm variant on single CTAs");
+  static_assert(!is_k32(VARIANT) || (TGMM && !MC), "V_K32 is a tgmm variant on single CTAs");
   const uint32_t rank = MC ? cluster_ctarank() : 0, peer = rank ^ 1;
   const int cid = blockIdx.x / PAIR, ncl = gridDim.x / PAIR; /* cluster id and count */
   extern __shared__ __align__(1024) unsigned char smem_sm90[];
@@ -404,9 +396,6 @@ __global__ void __launch_bounds__(THREADS, 1)
    * (mfull0 + 8r, the rank-0 producer arrives remotely); rank 0's mempty0 + 8r: read (the rank-1
    * producer arrives remotely) */
   const uint32_t mfull0 = ring0 + RING * 4, mempty0 = mfull0 + RING * 8, mbox0 = mempty0 + RING * 8;
-  /* V_LG*'s lag barriers (never on clusters: the mailbox's place): slot r's tile has had its
-   * first LAG k-blocks issued by consumer warpgroup 1 */
-  const uint32_t lag0 = mfull0;
 
   /* units of work per group: tiles, or (MC) pairs of tiles */
   const int tiles_n = (a.n + TBN - 1) / TBN, tiles_k = (a.k + BM - 1) / BM;
@@ -439,7 +428,6 @@ __global__ void __launch_bounds__(THREADS, 1)
           mbar_init(mfull0 + 8 * r, 1);
           mbar_init(mempty0 + 8 * r, 1);
         }
-        if constexpr (LAG > 0) mbar_init(lag0 + 8 * r, 1);
       }
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -489,15 +477,11 @@ __global__ void __launch_bounds__(THREADS, 1)
    * itself after its read, so no read can meet the producer's next write to the slot. */
   int ring_slot = 0;
   uint32_t ring_phase = 0;
-  /* the slot (and its phase) of the last index read; hold: hand the slot back later (V_LG*) */
-  int got_slot = 0;
-  uint32_t got_phase = 0;
-  auto ring_get = [&](bool hold) {
+  auto ring_get = [&]() {
     mbar_wait(tfull0 + 8 * ring_slot, ring_phase);
     int v;
     asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(ring0 + 4 * ring_slot) : "memory");
-    if (!hold) mbar_arrive(tempty0 + 8 * ring_slot);
-    got_slot = ring_slot, got_phase = ring_phase;
+    mbar_arrive(tempty0 + 8 * ring_slot);
     if (++ring_slot == RING) ring_slot = 0, ring_phase ^= 1;
     return v;
   };
@@ -636,8 +620,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       long long blk = 0;         /* k-blocks issued so far, as the producer counts them */
       uint32_t issued_phase = 0; /* bit s: parity of stage s's next "issued" phase */
       SL_TR_DECL;
-      for (int t = DYN ? ring_get(false) : cid; t < total_tiles;
-           t = DYN ? ring_get(false) : t + ncl) {
+      for (int t = DYN ? ring_get() : cid; t < total_tiles; t = DYN ? ring_get() : t + ncl) {
         int j, m0, n0, nk, gs, ge;
         decode(t, j, m0, n0, nk, gs, ge);
         if (needs_fix(nk, ge - gs)) {
@@ -856,11 +839,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     /* AHEAD: the next tile, decoded while the current one's last k-block drains; the
      * accumulators are defined once here and then left to scale_d = 0 on a tile's first wgmma */
     int nj = 0, nm0 = 0, nn0 = 0, nnk = 0, ngs = 0, nge = 0;
-    /* V_LG*: warpgroup 2 holds each ring slot until its lag wait for that tile, so warpgroup 1
-     * cannot arrive on the slot's lag barrier for a later tile before the wait (a parity wait
-     * two phases behind would never return) */
-    const bool hold = LAG > 0 && cw == 1;
-    int tn = DYN ? ring_get(hold) : cid; /* the next tile */
+    int tn = DYN ? ring_get() : cid; /* the next tile */
     if constexpr (AHEAD) {
       if (tn < total_tiles) decode(tn, nj, nm0, nn0, nnk, ngs, nge);
 #pragma unroll
@@ -874,19 +853,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         decode(t, j, m0, n0, nk, gs, ge);
       /* every path through a tile calls this once */
       auto decode_next = [&]() {
-        tn = DYN ? ring_get(hold) : t + ncl;
+        tn = DYN ? ring_get() : t + ncl;
         if (AHEAD && tn < total_tiles) decode(tn, nj, nm0, nn0, nnk, ngs, nge);
       };
       const bool fix = needs_fix(nk, ge - gs);
-      const int cur_slot = got_slot; /* this tile's ring slot (decode_next reads the next one) */
-      if constexpr (LAG > 0) {
-        if (cw == 1) {
-          mbar_wait(lag0 + 8 * cur_slot, got_phase);
-          mbar_arrive(tempty0 + 8 * cur_slot);
-        } else if (nk == 0 && lt == 0) {
-          mbar_arrive(lag0 + 8 * cur_slot);
-        }
-      }
 #ifdef SLUICE_SM90_TRACE
       tr_first = true;
 #endif
@@ -948,21 +918,13 @@ __global__ void __launch_bounds__(THREADS, 1)
           if (kb > 0) release(s == 0 ? STAGES - 1 : s - 1);
           if (++s == STAGES) s = 0, phase ^= 1;
         };
-        /* V_LG*: warpgroup 1 lets warpgroup 2 start this tile once it has issued min(LAG, nk)
-         * blocks of it (an empty tile: at its start, below) */
-        const int gate_kb = (nk < LAG ? nk : LAG) - 1;
-        auto gate = [&](int kb) {
-          if (LAG > 0 && cw == 0 && lt == 0 && kb == gate_kb) mbar_arrive(lag0 + 8 * cur_slot);
-        };
         auto mainloop = [&](auto nkl_c) {
           int kb = 0;
           for (; kb < nk - 1; ++kb) {
             kblock(std::integral_constant<int, BKV / 16>{}, std::false_type{});
-            gate(kb);
             release_prev(kb);
           }
           kblock(nkl_c, std::true_type{});
-          gate(kb);
           release_prev(kb);
         };
         if (nk > 0) {
@@ -1111,7 +1073,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       SL_TR_ADD(TR_BLOCKS, nk);
 #endif
     }
-    if (LAG > 0 && cw == 1) mbar_arrive(tempty0 + 8 * got_slot); /* the end mark's slot */
     if (TMA_C && lt == 0) bulk_wait0(); /* stores done before the CTA's shared memory goes away */
     SL_TR(c_end);
     SL_TR_ADD(TR_CONS, c_end - c_begin);
@@ -1286,7 +1247,7 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
 
 template <typename T, int VARIANT>
 static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t s) {
-  if constexpr (is_lg(VARIANT)) { /* tgmm only (resolve_variant) */
+  if constexpr (is_k32(VARIANT)) { /* tgmm only (resolve_variant) */
     if (!tgmm) return SL_STATUS_UNSUPPORTED;
     return launch<T, true, false, VARIANT>(a, num_sms, s);
   } else {
@@ -1299,12 +1260,12 @@ static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
 /* The variant that runs: `variant` if given (-1: the default for these arguments), or
  * SL_STATUS_UNSUPPORTED's -2 when the given one cannot run them. */
 /* The defaults for 16-bit outputs (dev/NOTES.md has the measurements behind them). */
-constexpr int kDefaultGmm = V_FB, kDefaultTgmm = V_FB;
+constexpr int kDefaultGmm = V_FB, kDefaultTgmm = V_K32;
 
 static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   if (variant < 0) variant = tma_c_ok(a) ? (tgmm ? kDefaultTgmm : kDefaultGmm) : V_BASE;
   if (!is_variant(variant) || (has_tma_c(variant) && !tma_c_ok(a))) return -2;
-  if (is_lg(variant) && !tgmm) variant = V_FB; /* the lag variants are written for tgmm */
+  if (is_k32(variant) && !tgmm) variant = V_FB; /* V_K32 is written for tgmm */
   if (is_dyn(variant) && a.counter == nullptr) return V_AHS; /* no workspace for the counter */
   if (has_fused_boxes(variant) && (a.n % 64 || (tgmm && a.k % 64))) return V_DYN;
   /* V_MD4 leaves ~1 KB of the 227 KB an sm_90 CTA may have (1 KB of it static) for the group
@@ -1324,9 +1285,7 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     case V_AHS: return launch_v<T, V_AHS>(a, tgmm, num_sms, s);
     case V_DYN: return launch_v<T, V_DYN>(a, tgmm, num_sms, s);
     case V_FB: return launch_v<T, V_FB>(a, tgmm, num_sms, s);
-    case V_LG0: return launch_v<T, V_LG0>(a, tgmm, num_sms, s);
-    case V_LG2: return launch_v<T, V_LG2>(a, tgmm, num_sms, s);
-    case V_LG3: return launch_v<T, V_LG3>(a, tgmm, num_sms, s);
+    case V_K32: return launch_v<T, V_K32>(a, tgmm, num_sms, s);
     default: {
       /* V_MD, V_MD4; clusters that cannot be placed: V_FB */
       const sl_status st = variant == V_MD4 ? launch_v<T, V_MD4>(a, tgmm, num_sms, s)

@@ -27,13 +27,16 @@
  *      odd row tile: pairs of column blocks that share A), each CTA loading its own operand and
  *      half of the shared one; units claimed by the rank-0 CTA and posted to its peer (V_MD)
  *  22  as 21 with 4 stages, the output staged in two 64x128 passes per warpgroup (V_MD4)
+ *  25  tgmm: as 20 with k-blocks of 32 contraction rows in 6 stages of 24 KB (V_K32, the tgmm
+ *      default since session 10); gmm: runs 20
  * (17-19, session 6's V_NS, V_HA, V_EW, 23-24, session 8's V_RS, V_RS4, and again 23-24,
- *  session 9's V_3W (commit 43419fc) and V_FC (6add3a9), were measured and removed: dev/NOTES.md.)
+ *  session 9's V_3W (commit 43419fc) and V_FC (6add3a9), and 26-27, session 10's V_LG2 and
+ *  V_LG3 (1874ec4), were measured and removed: dev/NOTES.md.)
  * (tgmm, all sm90 versions: rows past a group's end are zeroed by the producer warpgroup's spare
  *  warps, off the consumers' path.)
  *
  * Run: ./gmm [versions]   versions: "all", or a comma-separated list of versions to time (default
- * 20,16: 20 is the default of both ops, 16 the one before it; 1, 2 and 7 are known slower,
+ * 20,16: 20 is the gmm default (tgmm's is 25), 16 the one before it; 1, 2 and 7 are known slower,
  * dev/NOTES.md).
  * The timings interleave the versions, so they share one power state: a version that draws more
  * power per flop than another is not seen here; bench/clocks_gmm.py runs each alone (session 5).
@@ -69,7 +72,7 @@
   } while (0)
 
 static const bool kTgmm = HARNESS_TGMM;
-static const int kVersions = 27;
+static const int kVersions = 25;
 /* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
  * removed ones are not reused) */
 static bool version_exists(int v) { return v == 1 || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2)); }
