@@ -48,8 +48,9 @@ static_assert(
 /* Kernel variants (dev/cuda/gmm.cu times each; dev/NOTES.md has every version's prediction and
  * measurement, including the variants removed since - V_WAIT1 1, V_TMA_C0 3, V_MC 6, V_MCN 7,
  * V_OV 8, V_4S 9, 21-22, used twice: V_RS, V_RS4 (session 8), V_3W, V_FC (session 9, in the
- * history at 43419fc and 6add3a9), and 24-25: V_LG2, V_LG3 (session 10, at 1874ec4) - whose
- * numbers are not to be reused again; the next new variant is 26, harness version 28):
+ * history at 43419fc and 6add3a9), and 24-27: V_LG2, V_LG3, V_K16, V_KS (session 10, at 1874ec4
+ * and 0943536) - whose numbers are not to be reused again; the next new variant is 28, harness
+ * version 30):
  *   V_BASE   4 stages, each k-block's wgmmas waited before the next (wait_group 0), epilogue
  *            stores straight from registers. Any output dtype: the f32-output path.
  *   V_TMA_C  3 stages, one k-block of wgmmas in flight (wait_group 1: a stage goes back one
@@ -83,13 +84,11 @@ enum Variant {
   V_FB = 18,
   V_MD = 19,
   V_MD4 = 20,
-  V_K32 = 23,
-  V_K16 = 26,
-  V_KS = 27
+  V_K32 = 23
 };
 __host__ __device__ constexpr bool is_variant(int v) {
   return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_PP || v == V_AHS || v == V_DYN ||
-         v == V_FB || v == V_MD || v == V_MD4 || v == V_K32 || v == V_K16 || v == V_KS;
+         v == V_FB || v == V_MD || v == V_MD4 || v == V_K32;
 }
 /* V_AHS: V_TMA_CS with less work at tile boundaries, where both consumer warpgroups leave the
  * tensor pipe idle together (dev/cuda/trace.sh measured ~1000-1600 cycles of head - decoding the
@@ -146,22 +145,13 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * sizes, 1.010-1.026x ragged, 1.002-1.012x skewed. Written as the control of a lag experiment
  * (warpgroup 2 held 2-3 blocks behind warpgroup 1, so that each epilogue overlaps the other's
  * wgmmas: 0.96-1.00x of V_FB, removed; in the history at 1874ec4). */
-/* V_K16: V_K32 with 16-row k-blocks in 12 stages of 12 KB (one wgmma per warpgroup a block). */
-__host__ __device__ constexpr bool is_k32(int v) { return v == V_K32 || v == V_K16; }
-/* V_KS (gmm only; tgmm runs V_K32): V_FB whose edge tiles - a group's last row tile when it holds
- * <= 64 rows - split the contraction between the two consumer warpgroups (even k-blocks to the
- * first, odd to the second) over the same 64 rows, instead of leaving the second warpgroup idle
- * (one warpgroup alone does not keep the tensor pipe busy: such a tile took as long as a full one,
- * dev/NOTES.md, v6). The producer loads only those 64 rows of A (40 KB stages), the second
- * warpgroup's partial sums join the first's through the staging buffer (64 KB of f32), and the
- * first stores the tile. Needs an even number of k-blocks (else the edge tile runs as in V_FB). */
-__host__ __device__ constexpr bool is_ks(int v) { return v == V_KS; }
+__host__ __device__ constexpr bool is_k32(int v) { return v == V_K32; }
 __host__ __device__ constexpr bool is_mc(int v) { return v == V_MD || v == V_MD4; }
 __host__ __device__ constexpr bool has_fused_boxes(int v) {
-  return v == V_FB || is_mc(v) || is_k32(v) || is_ks(v);
+  return v == V_FB || is_mc(v) || is_k32(v);
 }
 __host__ __device__ constexpr bool is_dyn(int v) {
-  return v == V_DYN || v == V_FB || is_mc(v) || is_k32(v) || is_ks(v);
+  return v == V_DYN || v == V_FB || is_mc(v) || is_k32(v);
 }
 __host__ __device__ constexpr bool has_ahead(int v) { return v == V_AHS || is_dyn(v); }
 __host__ __device__ constexpr bool has_tma_c(int v) { return v != V_BASE; }
@@ -170,10 +160,10 @@ __host__ __device__ constexpr bool has_skip(int v) { return v == V_TMA_CS || v >
 __host__ __device__ constexpr int cluster_of(int v) { return is_mc(v) ? 2 : 1; }
 __host__ __device__ constexpr int bn_of(int v) { return is_pp(v) ? 128 : BN; }
 __host__ __device__ constexpr int stages_of(int v) {
-  return v == V_K16 ? 12 : is_k32(v) ? 6 : is_pp(v) ? 5 : v == V_MD4 ? 4 : has_tma_c(v) ? 3 : 4;
+  return is_k32(v) ? 6 : is_pp(v) ? 5 : v == V_MD4 ? 4 : has_tma_c(v) ? 3 : 4;
 }
 /* contraction rows (tgmm) or K columns (gmm) per k-block, and one 64-wide swizzled input box */
-__host__ __device__ constexpr int bk_of(int v) { return v == V_K16 ? 16 : is_k32(v) ? 32 : BK; }
+__host__ __device__ constexpr int bk_of(int v) { return is_k32(v) ? 32 : BK; }
 __host__ __device__ constexpr int in_box_bytes(int v) { return 64 * bk_of(v) * 2; }
 __host__ __device__ constexpr int stage_bytes_of(int v) { return (BM + bn_of(v)) * bk_of(v) * 2; }
 /* TMA_C staging: the 128x256 tile (64 KB), or 64x128 per warpgroup for V_PP (2 x 16 KB). */
@@ -385,7 +375,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr int SBYTES = stage_bytes_of(VARIANT);
   /* rows of a k-block, one input box, a stage's A part */
   constexpr int BKV = bk_of(VARIANT), IBOX = in_box_bytes(VARIANT), A_B = 2 * IBOX;
-  constexpr bool KS = is_ks(VARIANT) && !TGMM;
   constexpr int PAIR = cluster_of(VARIANT); /* CTAs per cluster, tiles per scheduled unit */
   constexpr bool MC = PAIR == 2;
   static_assert(!is_k32(VARIANT) || (TGMM && !MC), "V_K32 is a tgmm variant on single CTAs");
@@ -479,8 +468,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     n0 = nt * TBN;
     return across;
   };
-  /* V_KS: is this gmm tile an edge tile whose k-blocks the two warpgroups split? */
-  auto edge_split = [&](int m0, int ge, int nk) { return KS && ge - m0 <= 64 && (nk & 1) == 0; };
   /* tgmm: does the last block of a tile with nk blocks over `rows` rows need zeroing? */
   auto needs_fix = [&](int nk, int rows) {
     const int rv = rows - (nk - 1) * BKV;
@@ -551,7 +538,6 @@ __global__ void __launch_bounds__(THREADS, 1)
         int j, m0, n0, nk, gs, ge;
         const bool across = decode(t, j, m0, n0, nk, gs, ge);
         const bool fix = needs_fix(nk, ge - gs);
-        const bool ks = edge_split(m0, ge, nk); /* V_KS: 64 rows of A (a 64x64 box) */
         for (int kb = 0; kb < nk; ++kb) {
           const uint32_t full = full0 + 8 * s;
           SL_TR(w0);
@@ -559,7 +545,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           SL_TR(w1);
           SL_TR_ADD(TR_P_EMPTY, w1 - w0);
           if (kb == 0) SL_TR_ADD(TR_P_EMPTY0, w1 - w0);
-          mbar_expect_tx(full, ks ? SBYTES - A_B / 2 : SBYTES);
+          mbar_expect_tx(full, SBYTES);
           const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_B;
           if (MC) {
             /* this CTA's own operand, and its half of the shared one multicast to both CTAs at
@@ -610,7 +596,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
           } else {
             const int k0 = kb * BK;
-            tma_load_2d(sa, ks ? &map_a2 : &map_a, k0, m0, full);
+            tma_load_2d(sa, &map_a, k0, m0, full);
             if (TRANS_B) {
               tma_load_3d(sb, &map_b, k0, n0, j, full);
             } else if (FB) {
@@ -877,8 +863,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
       /* MC: the pair's second column block lies past N (an odd number of column blocks) */
       const bool dummy = MC && n0 >= a.n;
-      const bool ks = edge_split(m0, ge, nk);
-      if (dummy || (SKIP && !TGMM && cw == 1 && ge - m0 <= 64 && !ks)) {
+      if (dummy || (SKIP && !TGMM && cw == 1 && ge - m0 <= 64)) {
         /* No row of this half is in the group: pass the stages back untouched (after the fixers,
          * who write into the last one, are done with it). */
         for (int kb = 0; kb < nk; ++kb) {
@@ -945,9 +930,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         };
         if (nk > 0) {
           const int nkl = (ge - gs - (nk - 1) * BKV + 15) / 16;
-          if constexpr (BKV == 16) {
-            mainloop(std::integral_constant<int, 1>{});
-          } else if constexpr (BKV == 32) {
+          if constexpr (BKV == 32) {
             if (nkl == 1)
               mainloop(std::integral_constant<int, 1>{});
             else
@@ -971,50 +954,6 @@ __global__ void __launch_bounds__(THREADS, 1)
         SL_TR_ADD(TR_WAIT0, d1 - d0);
         if (nk > 0) release(s == 0 ? STAGES - 1 : s - 1);
       } else {
-        /* V_KS edge tile: warpgroup P computes the k-blocks of parity P over the tile's first 64
-         * rows and passes the others back at once; the choice is a template argument (a wgmma
-         * on a conditional path: C7515-C7520), the loop goes by pairs of blocks (nk is even) */
-        auto edge_loop = [&](auto p_c) {
-          constexpr int P = decltype(p_c)::value;
-          auto own = [&](bool has_prev) {
-            mbar_wait(full0 + 8 * s, phase);
-            const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_B;
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; ++kk) {
-              const uint64_t da = make_desc(sa + kk * 32, 16, 1024);
-              const uint64_t db = TRANS_B ? make_desc(sb + kk * 32, 16, 1024)
-                                          : make_desc(sb + kk * 2048, BOX_BYTES, 1024);
-              wgmma_tile<T, 0, TRANS_B ? 0 : 1>(acc, da, db, kk == 0 ? sd0 : 1);
-            }
-            sd0 = 1;
-            wgmma_commit();
-            wgmma_wait1();
-            fence_operands(acc);
-            if (has_prev) release(s >= 2 ? s - 2 : s + STAGES - 2); /* this warpgroup's last */
-            if (++s == STAGES) s = 0, phase ^= 1;
-          };
-          auto pass = [&]() {
-            mbar_wait(full0 + 8 * s, phase);
-            release(s);
-            if (++s == STAGES) s = 0, phase ^= 1;
-          };
-          for (int kb = 0; kb < nk; kb += 2) {
-            if constexpr (P == 0) {
-              own(kb > 0);
-              pass();
-            } else {
-              pass();
-              own(kb > 0);
-            }
-          }
-        };
-        if (KS && ks) {
-          if (cw == 0)
-            edge_loop(std::integral_constant<int, 0>{});
-          else
-            edge_loop(std::integral_constant<int, 1>{});
-        } else {
         for (int kb = 0; kb < nk; ++kb) {
           SL_TR(w0);
           mbar_wait(full0 + 8 * s, phase);
@@ -1055,7 +994,6 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
           if (++s == STAGES) s = 0, phase ^= 1;
         }
-        }
         decode_next(); /* (AHEAD) while the last k-block drains */
         /* AHEAD: the wait is unconditional, since the accumulators carry over to the next tile
          * (a wait on a conditional path before their next wgmma: C7518) */
@@ -1065,41 +1003,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           fence_operands(acc);
           SL_TR(d1);
           SL_TR_ADD(TR_WAIT0, d1 - d0);
-          /* the warpgroup's last block: the one before, or (V_KS edge tile, first warpgroup)
-           * two before */
-          const int back = ks && cw == 0 ? 2 : 1;
-          if (nk > 0) release(s >= back ? s - back : s + STAGES - back);
-        }
-        if constexpr (KS) {
-          /* V_KS edge tile: the second warpgroup's partial sums, through the staging buffer
-           * (both warpgroups' last stores have read it), join the first's. The add runs on
-           * every tile, of zeros where there is nothing to take: a write of the accumulators
-           * on a conditional path makes ptxas serialize the wgmmas (C7518). */
-          const uint32_t part = c_smem + lt * 4; /* value i of thread lt: part + 512 i */
-          if (ks) {
-            if (lt == 0) bulk_wait_read0();
-            named_bar(5, 256);
-            if (cw == 1) {
-#pragma unroll
-              for (int i = 0; i < 128; ++i)
-                asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(part + 512 * i), "f"(acc[i])
-                             : "memory");
-            }
-            named_bar(5, 256);
-          }
-          const uint32_t take = ks && cw == 0;
-#pragma unroll
-          for (int i = 0; i < 128; ++i) {
-            float v;
-            asm volatile(
-                "{\n.reg .pred p;\nsetp.ne.u32 p, %2, 0;\nmov.f32 %0, 0f00000000;\n"
-                "@p ld.shared.f32 %0, [%1];\n}\n"
-                : "=f"(v)
-                : "r"(part + 512 * i), "r"(take)
-                : "memory");
-            acc[i] += v;
-          }
-          if (ks) named_bar(5, 256); /* the buffer is the epilogues' again */
+          if (nk > 0) release(s == 0 ? STAGES - 1 : s - 1);
         }
       }
       SL_TR(e0);
@@ -1254,8 +1158,7 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     const uint64_t da[2] = {K, M}, sa[1] = {K * 2};
     const uint32_t boxa[2] = {64, 128};
     ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, boxa);
-    /* MC: a CTA's half of A; V_KS: an edge tile's 64 rows */
-    if (MC || is_ks(VARIANT)) ok = ok && make_map(&ma2, a.lhs, a.in_dtype, 2, da, sa, box64);
+    if (MC) ok = ok && make_map(&ma2, a.lhs, a.in_dtype, 2, da, sa, box64);
     if (TRANS_B) {
       const uint64_t db[3] = {K, N, GL}, sb[2] = {K * 2, N * K * 2};
       const uint32_t boxb[3] = {64, (uint32_t)bn_of(VARIANT), 1};
@@ -1277,10 +1180,7 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     }
   }
   if (!ok) return SL_STATUS_UNSUPPORTED; /* the caller falls back to the portable kernel */
-  if (!MC) {
-    if (!is_ks(VARIANT) || TGMM) ma2 = ma;
-    mb2 = mb;
-  }
+  if (!MC) ma2 = ma, mb2 = mb;
 
   if (is_dyn(VARIANT)) { /* the tile counter starts at 0 in every launch */
     const cudaError_t e = cudaMemsetAsync(a.counter, 0, sizeof(int), stream);
@@ -1352,10 +1252,7 @@ static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     if (!tgmm) return SL_STATUS_UNSUPPORTED;
     return launch<T, true, false, VARIANT>(a, num_sms, s);
   } else {
-    if (tgmm) {
-      if constexpr (is_ks(VARIANT)) return SL_STATUS_UNSUPPORTED; /* gmm only (resolve_variant) */
-      else return launch<T, true, false, VARIANT>(a, num_sms, s);
-    }
+    if (tgmm) return launch<T, true, false, VARIANT>(a, num_sms, s);
     return a.transpose_rhs ? launch<T, false, true, VARIANT>(a, num_sms, s)
                            : launch<T, false, false, VARIANT>(a, num_sms, s);
   }
@@ -1370,7 +1267,6 @@ static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   if (variant < 0) variant = tma_c_ok(a) ? (tgmm ? kDefaultTgmm : kDefaultGmm) : V_BASE;
   if (!is_variant(variant) || (has_tma_c(variant) && !tma_c_ok(a))) return -2;
   if (is_k32(variant) && !tgmm) variant = V_FB; /* V_K32 is written for tgmm */
-  if (is_ks(variant) && tgmm) variant = V_K32;  /* V_KS for gmm */
   if (is_dyn(variant) && a.counter == nullptr) return V_AHS; /* no workspace for the counter */
   if (has_fused_boxes(variant) && (a.n % 64 || (tgmm && a.k % 64))) return V_DYN;
   /* V_MD4 leaves ~1 KB of the 227 KB an sm_90 CTA may have (1 KB of it static) for the group
@@ -1391,8 +1287,6 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     case V_DYN: return launch_v<T, V_DYN>(a, tgmm, num_sms, s);
     case V_FB: return launch_v<T, V_FB>(a, tgmm, num_sms, s);
     case V_K32: return launch_v<T, V_K32>(a, tgmm, num_sms, s);
-    case V_K16: return launch_v<T, V_K16>(a, tgmm, num_sms, s);
-    case V_KS: return launch_v<T, V_KS>(a, tgmm, num_sms, s);
     default: {
       /* V_MD, V_MD4; clusters that cannot be placed: V_FB */
       const sl_status st = variant == V_MD4 ? launch_v<T, V_MD4>(a, tgmm, num_sms, s)

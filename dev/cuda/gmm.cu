@@ -29,12 +29,9 @@
  *  22  as 21 with 4 stages, the output staged in two 64x128 passes per warpgroup (V_MD4)
  *  25  tgmm: as 20 with k-blocks of 32 contraction rows in 6 stages of 24 KB (V_K32, the tgmm
  *      default since session 10); gmm: runs 20
- *  28  tgmm: as 25 with 16-row k-blocks in 12 stages (V_K16); gmm: runs 20
- *  29  gmm: as 20, a group's edge tile of <= 64 rows split along K between the two consumer
- *      warpgroups (V_KS); tgmm: runs 25
  * (17-19, session 6's V_NS, V_HA, V_EW, 23-24, session 8's V_RS, V_RS4, and again 23-24,
- *  session 9's V_3W (commit 43419fc) and V_FC (6add3a9), and 26-27, session 10's V_LG2 and
- *  V_LG3 (1874ec4), were measured and removed: dev/NOTES.md.)
+ *  session 9's V_3W (commit 43419fc) and V_FC (6add3a9), and 26-29, session 10's V_LG2,
+ *  V_LG3 (1874ec4), V_K16 and V_KS (0943536), were measured and removed: dev/NOTES.md.)
  * (tgmm, all sm90 versions: rows past a group's end are zeroed by the producer warpgroup's spare
  *  warps, off the consumers' path.)
  *
@@ -75,7 +72,7 @@
   } while (0)
 
 static const bool kTgmm = HARNESS_TGMM;
-static const int kVersions = 29;
+static const int kVersions = 25;
 /* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
  * removed ones are not reused) */
 static bool version_exists(int v) { return v == 1 || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2)); }
@@ -258,7 +255,7 @@ int main(int argc, char **argv) {
     const int tr = kTgmm ? 0 : pr % 2, aligned = kTgmm ? pr : pr / 2;
     std::vector<int> sizes = {300, 0, 1, 517, 129, 0, 48, 100};
     /* K = 264: 3 row blocks of out[j] in tgmm, so a cluster pair has a dummy second tile */
-    /* aligned K = 384: 6 k-blocks (V_KS splits an even number), 3 row blocks of out[j] as 264 */
+    /* aligned K = 384: an even number of k-blocks, 3 row blocks of out[j] as with 264 */
     const int G = (int)sizes.size(), M = 1200, K = aligned ? 384 : 264, N = aligned ? 576 : 520;
     Problem p = make_problem(M, G, K, N, sizes, true);
     const size_t out_n = kTgmm ? (size_t)G * K * N : (size_t)M * N;
