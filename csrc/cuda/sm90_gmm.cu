@@ -118,7 +118,8 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * split into 64-element blocks (dims {64, rows, cols/64[, G]}), so the box {64, 64, 4} lands as the
  * same four 128B-swizzled 8 KB boxes. 2 TMA instructions per k-block instead of 5 (gmm) or 6
  * (tgmm). Needs the split dimension to be a multiple of 64 (else the view would alias the next
- * row instead of zero-filling): otherwise V_DYN runs. The default of both ops since session 6:
+ * row instead of zero-filling): otherwise V_DYN runs. The default of both ops since session 6 (of
+ * gmm only since session 10, where V_K32 took tgmm):
  * gmm level with V_DYN (0.99-1.01x), tgmm +0.2-1.8% in all 16 harness cases (2026-11-24). */
 /* V_MD: V_FB on clusters of 2 CTAs with TMA multicast, so each operand byte a pair shares crosses
  * from L2 once. A unit of work is a pair of tiles: two row tiles of one column block (they share
