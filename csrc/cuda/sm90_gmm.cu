@@ -13,11 +13,13 @@
  *         (K-major, one 64xBN box). A tile may load rows of the next group; the epilogue stores
  *         only this group's rows. K edges and M edges are zero-filled by TMA bounds.
  *   tgmm  tile = (group j, 128 rows of out[j] = K dim, BN cols), contraction over the group's
- *         rows in blocks of 64: A = lhs^T (M-major, 2 boxes), B = rhs rows (N-major boxes).
+ *         rows in blocks of 64 (V_K32: 32): A = lhs^T (M-major, 2 boxes), B = rhs rows (N-major
+ *         boxes).
  *         Rows of the last block past the group's end belong to the next group and would join the
  *         contraction: they are zeroed in shared memory before the wgmma.
  *
- * Shared memory per stage: A 16 KB + B (BN x 64 x 2 bytes), 128B-swizzled, 1024-byte aligned. */
+ * Shared memory per stage: A 16 KB + B (BN x 64 x 2 bytes), 128B-swizzled, 1024-byte aligned
+ * (V_K32: half of each, for 32-row blocks). */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -185,9 +187,10 @@ __host__ __device__ constexpr size_t pipe_bytes(int v) {
          (is_dyn(v) ? RING * (8 + 8 + 4) : 0) /* V_DYN's ring: two barriers and an int a slot */ +
          (cluster_of(v) == 2 ? RING * (8 + 8 + 4) : 0) /* V_MD's mailbox, the same */;
 }
-/* tgmm: the last contraction block of a group holds rv valid rows (1..64); rows [rv, fix_end)
- * belong to the next group (or are TMA zeros past M) and must be zeroed before the wgmma reads
- * them. With the skips only the k16 steps below ceil16(rv) run, so only those rows matter. */
+/* tgmm: the last contraction block of a group holds rv valid rows (1..bk_of(v)); rows
+ * [rv, fix_end) belong to the next group (or are TMA zeros past M) and must be zeroed before the
+ * wgmma reads them. With the skips only the k16 steps below ceil16(rv) run, so only those rows
+ * matter. */
 __host__ __device__ constexpr int fix_end(int v, int rv) {
   return has_skip(v) ? ((rv + 15) & ~15) : bk_of(v);
 }
@@ -930,22 +933,17 @@ __global__ void __launch_bounds__(THREADS, 1)
           release_prev(kb);
         };
         if (nk > 0) {
-          const int nkl = (ge - gs - (nk - 1) * BKV + 15) / 16;
-          if constexpr (BKV == 32) {
-            if (nkl == 1)
-              mainloop(std::integral_constant<int, 1>{});
-            else
-              mainloop(std::integral_constant<int, 2>{});
-          } else {
-            if (nkl == 1)
-              mainloop(std::integral_constant<int, 1>{});
-            else if (nkl == 2)
-              mainloop(std::integral_constant<int, 2>{});
-            else if (nkl == 3)
-              mainloop(std::integral_constant<int, 3>{});
-            else
-              mainloop(std::integral_constant<int, 4>{});
-          }
+          const int nkl = (ge - gs - (nk - 1) * BKV + 15) / 16; /* 1 .. BKV / 16 */
+          if (nkl == 1)
+            mainloop(std::integral_constant<int, 1>{});
+          else if constexpr (BKV == 32) /* (no 3- or 4-step block to instantiate) */
+            mainloop(std::integral_constant<int, 2>{});
+          else if (nkl == 2)
+            mainloop(std::integral_constant<int, 2>{});
+          else if (nkl == 3)
+            mainloop(std::integral_constant<int, 3>{});
+          else
+            mainloop(std::integral_constant<int, 4>{});
         }
         decode_next(); /* (AHEAD) while the last k-block drains */
         SL_TR(d0);
