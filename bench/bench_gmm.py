@@ -44,13 +44,22 @@ class GmmDesc(ctypes.Structure):
     ]
 
 
-def time_cuda(fns, iters, warmup=3):
-    """Median milliseconds of each callable in `fns`, timed with CUDA events. The callables take
-    turns within every iteration, so clock drift during the run (the dense cuBLAS figure moves by
-    10-20% between runs on H200) hits them all alike and the ratios stay fair. The order rotates
-    by one each iteration: the chip runs at its power cap and its clock lags the load, so a call
-    starts at the clock its predecessor left; with a fixed order each implementation would always
-    follow the same one (the same predecessor for every call of torch's forward: ours)."""
+def time_cuda(fns, iters, warmup=3, info=None, mode="queued"):
+    """Median milliseconds of each callable in `fns`: GPU time between two CUDA events around it.
+    The callables take turns within every iteration, so clock drift during the run (the dense cuBLAS
+    figure moves by 10-20% between runs on H200) hits them all alike and the ratios stay fair. The
+    order rotates by one each iteration: the chip runs at its power cap and its clock lags the load,
+    so a call starts at the clock its predecessor left; with a fixed order each implementation would
+    always follow the same one.
+
+    mode "queued" (the default since 2026-11-24): every call of every iteration is queued before any
+    is waited for, so the GPU runs them back to back, as in a training step: the host's launch path
+    (10-160 us per call on the H200 machines: ctypes, torch's dispatcher, cuBLAS's setup) is not in
+    the figures, and no call starts from an idle GPU. mode "synced" (sessions 1-10): each call is
+    waited for before the next is issued, so each figure includes that call's launch path and the GPU
+    idles between calls; the idle time raises the clock the next call starts at, which moves the
+    ratios by several percent (dev/NOTES.md, session 11). `info`, a dict, gets the largest gap the GPU
+    saw between two queued calls (ms)."""
     import torch
 
     for fn in fns.values():
@@ -58,16 +67,34 @@ def time_cuda(fns, iters, warmup=3):
             fn()
     torch.cuda.synchronize()
     times = {name: [] for name in fns}
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     names = list(fns)
-    for it in range(iters):
-        for name in names[it % len(names) :] + names[: it % len(names)]:
-            fn = fns[name]
+    order = [n for it in range(iters) for n in names[it % len(names) :] + names[: it % len(names)]]
+    if mode == "synced":
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for name in order:
             e0.record()
-            fn()
+            fns[name]()
             e1.record()
             e1.synchronize()
             times[name].append(e0.elapsed_time(e1))
+    elif mode == "queued":
+        evs = []
+        for name in order:
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            fns[name]()
+            e1.record()
+            evs.append((name, e0, e1))
+        torch.cuda.synchronize()
+        for name, e0, e1 in evs:
+            times[name].append(e0.elapsed_time(e1))
+        if info is not None:
+            gaps = [evs[i][2].elapsed_time(evs[i + 1][1]) for i in range(len(evs) - 1)]
+            info["max_gap_ms"] = max(gaps, default=0.0)
+    else:
+        raise ValueError(f"unknown timing mode {mode!r}")
+    if info is not None:
+        info["mode"] = mode
     return {name: statistics.median(v) for name, v in times.items()}
 
 
@@ -172,7 +199,9 @@ def bench_shape_torch(lib, shape, args):
                 working[name] = fn
             except Exception as e:  # noqa: BLE001
                 row.setdefault("errors", {})[name] = str(e)[:300]
-        t = time_cuda(working, args.iters)
+        timing = {}
+        t = time_cuda(working, args.iters, info=timing, mode=args.timing)
+        row["timing"] = timing
         row["ms"] = t
         row["tflops"] = {kk: sc.flops / v / 1e9 for kk, v in t.items()}
         rows.append(row)
@@ -207,6 +236,7 @@ def part_torch(args):
         "cuda": torch.version.cuda,
         "date": datetime.datetime.now(datetime.UTC).isoformat(),
         "iters": args.iters,
+        "timing": args.timing,
         # sm90 kernel variants forced through the environment (gmm_launch.cu), if any
         "sluice_variant": {
             op: os.environ.get(f"SLUICE_{op.upper()}_VARIANT", "default") for op in ("gmm", "tgmm")
@@ -273,6 +303,21 @@ def part_jax(args):
         json.dump({"meta": meta, "rows": results}, f, indent=1)
 
 
+def timing_line(rows):
+    """How the torch part timed its calls (time_cuda's mode)."""
+    ts = [r["timing"] for r in rows if "timing" in r]
+    if not ts or ts[0].get("mode") != "queued":
+        return (
+            "Calls timed one at a time: each waited for before the next, so each figure includes "
+            "its launch path and the GPU idles between calls."
+        )
+    gap = max(t.get("max_gap_ms", 0.0) for t in ts)
+    return (
+        "Calls queued back to back: the launch path is not in the figures and the GPU does not "
+        f"idle between calls (largest gap between two calls: {gap * 1e3:.1f} us)."
+    )
+
+
 def merge(args):
     with open(args.merge[0]) as f:
         tj = json.load(f)
@@ -307,6 +352,7 @@ def merge(args):
             f"order rotated every run (JAX: "
             f"wall-clock median of {jj['meta'].get('jax_iters', '-') if jj else '-'})."
         ),
+        timing_line(tj["rows"]),
         "Produced by bench/run_gpu.sh (bench/bench_gmm.py, shapes from bench/shapes.py).",
         (
             "sluice sm90 kernel variant (csrc/cuda/sm90_gmm.cu Variant; 'default' = the library's "
@@ -390,6 +436,9 @@ def main():
     p.add_argument("--lib", default="build-gpu/libsluice_gpu.so")
     p.add_argument("--out", default="bench.json")
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument(
+        "--timing", choices=["queued", "synced"], default="queued", help="see time_cuda"
+    )
     p.add_argument("--jax-iters", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--merge", nargs="+")

@@ -14,11 +14,21 @@ fi
 stamp=${STAMP:-$(date -u +%Y%m%d)} # STAMP names the result files (a second run on one day)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 timeout 600 python3 bench/bench_gmm.py --part torch --lib "$BUILD/libsluice_gpu.so" --out "$RESULTS/torch-part.json"
+# SYNCED=1: the torch part again with each call waited for before the next (sessions 1-10's timing;
+# the GPU idles between calls), merged into gmm-<date>-synced.md beside the default's file
+if [ "${SYNCED:-0}" = 1 ]; then
+  timeout 600 python3 bench/bench_gmm.py --part torch --timing synced --lib "$BUILD/libsluice_gpu.so" \
+    --out "$RESULTS/torch-part-synced.json"
+fi
 if [ "${SKIP_JAX:-0}" != 1 ]; then
   timeout 600 python3 bench/bench_gmm.py --part jax --out "$RESULTS/jax-part.json"
 fi
 python3 bench/bench_gmm.py --merge "$RESULTS/torch-part.json" "$RESULTS/jax-part.json" \
   --md "$RESULTS/gmm-$stamp.md" --json "$RESULTS/gmm-$stamp.json"
+if [ "${SYNCED:-0}" = 1 ]; then
+  python3 bench/bench_gmm.py --merge "$RESULTS/torch-part-synced.json" "$RESULTS/jax-part.json" \
+    --md "$RESULTS/gmm-$stamp-synced.md" --json "$RESULTS/gmm-$stamp-synced.json"
+fi
 # The same implementations each alone and back to back (bench/clocks_gmm.py): the chip runs at its
 # power cap, and a kernel's own power draw sets its clock only when it runs alone for a while.
 if [ "${SKIP_SUSTAINED:-0}" != 1 ]; then
