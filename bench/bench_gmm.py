@@ -54,12 +54,12 @@ def time_cuda(fns, iters, warmup=3, info=None, mode="queued"):
 
     mode "queued" (the default since 2026-11-24): every call of every iteration is queued before any
     is waited for, so the GPU runs them back to back, as in a training step: the host's launch path
-    (10-160 us per call on the H200 machines: ctypes, torch's dispatcher, cuBLAS's setup) is not in
-    the figures, and no call starts from an idle GPU. mode "synced" (sessions 1-10): each call is
-    waited for before the next is issued, so each figure includes that call's launch path and the GPU
-    idles between calls; the idle time raises the clock the next call starts at, which moves the
-    ratios by several percent (dev/NOTES.md, session 11). `info`, a dict, gets the largest gap the GPU
-    saw between two queued calls (ms)."""
+    (4-140 us per call on the H200 machines: ctypes, torch's dispatcher, cuBLAS's setup;
+    bench/results/launch-probe-20261124.txt) is not in the figures, and no call starts from an idle
+    GPU. mode "synced" (sessions 1-10): each call is waited for before the next is issued, so each
+    figure includes that call's launch path and the GPU idles between calls; it put sluice ~1% higher
+    against torch (dev/NOTES.md, session 11). `info`, a dict, gets the largest gap the GPU saw between
+    two queued calls (ms)."""
     import torch
 
     for fn in fns.values():
@@ -93,8 +93,6 @@ def time_cuda(fns, iters, warmup=3, info=None, mode="queued"):
             info["max_gap_ms"] = max(gaps, default=0.0)
     else:
         raise ValueError(f"unknown timing mode {mode!r}")
-    if info is not None:
-        info["mode"] = mode
     return {name: statistics.median(v) for name, v in times.items()}
 
 
@@ -303,15 +301,14 @@ def part_jax(args):
         json.dump({"meta": meta, "rows": results}, f, indent=1)
 
 
-def timing_line(rows):
-    """How the torch part timed its calls (time_cuda's mode)."""
-    ts = [r["timing"] for r in rows if "timing" in r]
-    if not ts or ts[0].get("mode") != "queued":
+def timing_line(torch_part):
+    """How the torch part timed its calls (time_cuda's mode; files before 2026-11-24: "synced")."""
+    if torch_part["meta"].get("timing", "synced") != "queued":
         return (
             "Calls timed one at a time: each waited for before the next, so each figure includes "
             "its launch path and the GPU idles between calls."
         )
-    gap = max(t.get("max_gap_ms", 0.0) for t in ts)
+    gap = max(r["timing"]["max_gap_ms"] for r in torch_part["rows"])
     return (
         "Calls queued back to back: the launch path is not in the figures and the GPU does not "
         f"idle between calls (largest gap between two calls: {gap * 1e3:.1f} us)."
@@ -352,7 +349,7 @@ def merge(args):
             f"order rotated every run (JAX: "
             f"wall-clock median of {jj['meta'].get('jax_iters', '-') if jj else '-'})."
         ),
-        timing_line(tj["rows"]),
+        timing_line(tj),
         "Produced by bench/run_gpu.sh (bench/bench_gmm.py, shapes from bench/shapes.py).",
         (
             "sluice sm90 kernel variant (csrc/cuda/sm90_gmm.cu Variant; 'default' = the library's "
