@@ -86,15 +86,11 @@ enum Variant {
   V_FB = 18,
   V_MD = 19,
   V_MD4 = 20,
-  V_K32 = 23,
-  V_DX1 = 28,
-  V_DX2 = 29,
-  V_DX3 = 30,
-  V_DX4 = 31
+  V_K32 = 23
 };
 __host__ __device__ constexpr bool is_variant(int v) {
   return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_PP || v == V_AHS || v == V_DYN ||
-         v == V_FB || v == V_MD || v == V_MD4 || v == V_K32 || v == V_DX1 || v == V_DX2 || v == V_DX3 || v == V_DX4;
+         v == V_FB || v == V_MD || v == V_MD4 || v == V_K32;
 }
 /* V_AHS: V_TMA_CS with less work at tile boundaries, where both consumer warpgroups leave the
  * tensor pipe idle together (dev/cuda/trace.sh measured ~1000-1600 cycles of head - decoding the
@@ -152,14 +148,13 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * sizes, 1.010-1.026x ragged, 1.002-1.012x skewed. Written as the control of a lag experiment
  * (warpgroup 2 held 2-3 blocks behind warpgroup 1, so that each epilogue overlaps the other's
  * wgmmas: 0.96-1.00x of V_FB, removed; in the history at 1874ec4). */
-__host__ __device__ constexpr bool is_k32(int v) { return v == V_K32 || v == V_DX1 || v == V_DX2 || v == V_DX3 || v == V_DX4; }
-__host__ __device__ constexpr int diag_of(int v) { return v == V_DX1 ? 1 : v == V_DX2 ? 6 : v == V_DX4 ? 8 : v == V_DX3 ? 7 : 0; }
+__host__ __device__ constexpr bool is_k32(int v) { return v == V_K32; }
 __host__ __device__ constexpr bool is_mc(int v) { return v == V_MD || v == V_MD4; }
 __host__ __device__ constexpr bool has_fused_boxes(int v) {
-  return v == V_FB || is_mc(v) || is_k32(v) || v == V_DX4;
+  return v == V_FB || is_mc(v) || is_k32(v);
 }
 __host__ __device__ constexpr bool is_dyn(int v) {
-  return v == V_DYN || v == V_FB || is_mc(v) || is_k32(v) || v == V_DX4;
+  return v == V_DYN || v == V_FB || is_mc(v) || is_k32(v);
 }
 __host__ __device__ constexpr bool has_ahead(int v) { return v == V_AHS || is_dyn(v); }
 __host__ __device__ constexpr bool has_tma_c(int v) { return v != V_BASE; }
@@ -201,22 +196,6 @@ __host__ __device__ constexpr int fix_end(int v, int rv) {
 }
 
 #ifdef SLUICE_SM90A_DEVICE
-__device__ __forceinline__ void tma_store_3d_hint(const void *map, uint32_t src, int c0, int c1,
-                                                  int c2, uint64_t pol) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%1, %2, %3}], [%4], %5;\n" ::"l"(
-          map),
-      "r"(c0), "r"(c1), "r"(c2), "r"(src), "l"(pol)
-      : "memory");
-}
-__device__ __forceinline__ void tma_load_3d_hint(uint32_t dst, const void *map, int c0, int c1, int c2,
-                                            uint32_t bar, uint64_t pol) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
-      "%3, %4}], [%5], %6;\n" ::"r"(dst),
-      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(pol)
-      : "memory");
-}
 template <typename T, int TA, int TB, int NREG>
 __device__ __forceinline__ void wgmma_tile(float (&acc)[NREG], uint64_t da, uint64_t db,
                                            int scale_d = 1) {
@@ -512,11 +491,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     return v;
   };
 
-  uint64_t pol_first = 0, pol_last = 0;
-  if constexpr (diag_of(VARIANT) >= 6) {
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol_first));
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol_last));
-  }
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
@@ -615,13 +589,8 @@ __global__ void __launch_bounds__(THREADS, 1)
           } else if (TGMM) {
             const int r0 = gs + kb * BKV;
             if (FB) {
-              if (diag_of(VARIANT) == 7 || diag_of(VARIANT) == 8) {
-                tma_load_3d_hint(sa, &map_a, 0, r0, m0 / 64, full, pol_last);
-                tma_load_3d_hint(sb, &map_b, 0, r0, n0 / 64, full, pol_last);
-              } else {
-                tma_load_3d(sa, &map_a, 0, r0, m0 / 64, full);
-                tma_load_3d(sb, &map_b, 0, r0, n0 / 64, full);
-              }
+              tma_load_3d(sa, &map_a, 0, r0, m0 / 64, full);
+              tma_load_3d(sb, &map_b, 0, r0, n0 / 64, full);
             } else {
               tma_load_2d(sa, &map_a, m0, r0, full);
               tma_load_2d(sa + BOX_BYTES, &map_a, m0 + 64, r0, full);
@@ -1080,14 +1049,11 @@ __global__ void __launch_bounds__(THREADS, 1)
           named_bar(2 + cw, 128);
           SL_TR(x4);
           SL_TR_ADD(TR_EPI_BAR, x4 - x3);
-          if (lt == 0 && diag_of(VARIANT) != 1) {
+          if (lt == 0) {
 #pragma unroll
             for (int b = 0; b < NBOX; ++b) {
               const int c0 = n0 + 64 * (P * NBOX + b);
               if (TGMM)
-                if (diag_of(VARIANT) == 6 || diag_of(VARIANT) == 7)
-                tma_store_3d_hint(&map_c, cbase + b * BOX_BYTES, c0, m0 + cw * 64, j, pol_first);
-              else
                 tma_store_3d(&map_c, cbase + b * BOX_BYTES, c0, m0 + cw * 64, j);
               else
                 tma_store_2d(&map_c, cbase + b * BOX_BYTES, c0, m0 + cw * 64);
@@ -1320,10 +1286,6 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     case V_DYN: return launch_v<T, V_DYN>(a, tgmm, num_sms, s);
     case V_FB: return launch_v<T, V_FB>(a, tgmm, num_sms, s);
     case V_K32: return launch_v<T, V_K32>(a, tgmm, num_sms, s);
-    case V_DX1: return launch_v<T, V_DX1>(a, tgmm, num_sms, s);
-    case V_DX2: return launch_v<T, V_DX2>(a, tgmm, num_sms, s);
-    case V_DX3: return launch_v<T, V_DX3>(a, tgmm, num_sms, s);
-    case V_DX4: return launch_v<T, V_DX4>(a, tgmm, num_sms, s);
     default: {
       /* V_MD, V_MD4; clusters that cannot be placed: V_FB */
       const sl_status st = variant == V_MD4 ? launch_v<T, V_MD4>(a, tgmm, num_sms, s)

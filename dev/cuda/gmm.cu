@@ -72,7 +72,7 @@
   } while (0)
 
 static const bool kTgmm = HARNESS_TGMM;
-static const int kVersions = 33;
+static const int kVersions = 25;
 /* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
  * removed ones are not reused) */
 static bool version_exists(int v) { return v == 1 || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2)); }
