@@ -4,9 +4,9 @@
  * in tgmm, warps 1-3 zero rows past a group's end), warpgroups 1 and 2 consume. Every CTA builds
  * the group table from the device's group_sizes at entry (gmm_common.cuh) and walks tiles
  * t = blockIdx.x, + gridDim.x, ... in the same order in producer and consumers, so no tile mixes
- * groups. The Variant comment below says how the consumers share the work: cooperatively (both
- * on one 128x256 tile, 64 rows each, m64n256k16) or ping-pong (V_PP: each on its own 128x128
- * tile, two m64n128k16 per k16 step).
+ * groups. The consumers share each 128x256 tile cooperatively, 64 rows each (m64n256k16). (A
+ * ping-pong kernel, V_PP - each warpgroup on its own 128x128 tile, the two alternating so that one's
+ * epilogue overlaps the other's mainloop - measured 3-11% slower and is in the history at f265b23.)
  *
  *   gmm   tile = (group j, 128 rows of j, BN cols). A = lhs rows [K-major, box 64x128], B = rhs[j]
  *         through a 3-d map [G_local, K, N] (N-major, boxes of 64x64) or [G_local, N, K]
@@ -48,7 +48,8 @@ static_assert(
     "a stage is 2 A boxes and 4 B boxes of 64x64: the TMA issue and the fix-up assume it");
 
 /* Kernel variants (dev/cuda/gmm.cu times each; dev/NOTES.md has every version's prediction and
- * measurement, including the variants removed since - V_WAIT1 1, V_TMA_C0 3, V_MC 6, V_MCN 7,
+ * measurement, including the variants removed since - V_WAIT1 1, V_TMA_C0 3, V_PP 5 (session
+ * 12, at f265b23), V_MC 6, V_MCN 7,
  * V_OV 8, V_4S 9, 21-22, used twice: V_RS, V_RS4 (session 8), V_3W, V_FC (session 9, in the
  * history at 43419fc and 6add3a9), and 24-27: V_LG2, V_LG3, V_K16, V_KS (session 10, at 1874ec4
  * and 0943536) - whose numbers are not to be reused again; the next new variant is 28, harness
@@ -67,12 +68,6 @@ static_assert(
  *            (ceil(rows/16) of 4), and only rows up to the next multiple of 16 need zeroing (none
  *            when the group ends on one). The tgmm default until V_AHS: +2-5% over V_TMA_C
  *            on ragged group sizes; gmm: no gain.
- *   V_PP     ping-pong: each consumer warpgroup owns a whole 128x128 tile (two m64n128k16 per k16
- *            step), the warpgroups take alternate tiles of the CTA's list, so one's epilogue runs
- *            while the other's mainloop keeps the tensor cores busy. 5 stages of 32 KB, a 16 KB
- *            staging buffer per warpgroup (the tile leaves in two 64-row passes), the V_TMA_CS
- *            skips (a gmm tile with <= 64 rows issues only its first m64 half). "Turn" barriers
- *            order the mainloops (see the consumer code). Measured 3-11% slower than V_TMA_C.
  * In every variant the tgmm rows past a group's end are zeroed by warps 1-3 of the producer
  * warpgroup as soon as the block lands, off the consumers' path; consumers wait for a per-stage
  * "fixed" barrier on those blocks only. */
@@ -80,7 +75,6 @@ enum Variant {
   V_BASE = 0,
   V_TMA_C = 2,
   V_TMA_CS = 4,
-  V_PP = 5,
   V_AHS = 11,
   V_DYN = 14,
   V_FB = 18,
@@ -89,8 +83,8 @@ enum Variant {
   V_K32 = 23
 };
 __host__ __device__ constexpr bool is_variant(int v) {
-  return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_PP || v == V_AHS || v == V_DYN ||
-         v == V_FB || v == V_MD || v == V_MD4 || v == V_K32;
+  return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_AHS || v == V_DYN || v == V_FB ||
+         v == V_MD || v == V_MD4 || v == V_K32;
 }
 /* V_AHS: V_TMA_CS with less work at tile boundaries, where both consumer warpgroups leave the
  * tensor pipe idle together (dev/cuda/trace.sh measured ~1000-1600 cycles of head - decoding the
@@ -158,20 +152,18 @@ __host__ __device__ constexpr bool is_dyn(int v) {
 }
 __host__ __device__ constexpr bool has_ahead(int v) { return v == V_AHS || is_dyn(v); }
 __host__ __device__ constexpr bool has_tma_c(int v) { return v != V_BASE; }
-__host__ __device__ constexpr bool is_pp(int v) { return v == V_PP; }
-__host__ __device__ constexpr bool has_skip(int v) { return v == V_TMA_CS || v >= V_PP; }
+__host__ __device__ constexpr bool has_skip(int v) { return v == V_TMA_CS || v >= V_AHS; }
 __host__ __device__ constexpr int cluster_of(int v) { return is_mc(v) ? 2 : 1; }
-__host__ __device__ constexpr int bn_of(int v) { return is_pp(v) ? 128 : BN; }
 __host__ __device__ constexpr int stages_of(int v) {
-  return is_k32(v) ? 6 : is_pp(v) ? 5 : v == V_MD4 ? 4 : has_tma_c(v) ? 3 : 4;
+  return is_k32(v) ? 6 : v == V_MD4 ? 4 : has_tma_c(v) ? 3 : 4;
 }
 /* contraction rows (tgmm) or K columns (gmm) per k-block, and one 64-wide swizzled input box */
 __host__ __device__ constexpr int bk_of(int v) { return is_k32(v) ? 32 : BK; }
 __host__ __device__ constexpr int in_box_bytes(int v) { return 64 * bk_of(v) * 2; }
-__host__ __device__ constexpr int stage_bytes_of(int v) { return (BM + bn_of(v)) * bk_of(v) * 2; }
-/* TMA_C staging: the 128x256 tile (64 KB), or 64x128 per warpgroup for V_PP (2 x 16 KB). */
+__host__ __device__ constexpr int stage_bytes_of(int v) { return (BM + BN) * bk_of(v) * 2; }
+/* TMA_C staging: the 128x256 tile (64 KB; V_MD4: half of it, staged in two passes). */
 __host__ __device__ constexpr int c_bytes_of(int v) {
-  return is_pp(v) ? 2 * 64 * 128 * 2 : v == V_MD4 ? C_BYTES / 2 : has_tma_c(v) ? C_BYTES : 0;
+  return v == V_MD4 ? C_BYTES / 2 : has_tma_c(v) ? C_BYTES : 0;
 }
 /* tgmm's units of work per local group: tiles, or (V_MD) pairs of tiles (gmm's depend on each
  * group's rows: build_group_table) */
@@ -183,7 +175,7 @@ constexpr size_t kMaxDynSmem = 232448 - 1024;
 constexpr int RING = 4; /* V_DYN: tile indices in flight from the producer to the others */
 __host__ __device__ constexpr size_t pipe_bytes(int v) {
   return 1024 /* alignment slack */ + (size_t)stages_of(v) * stage_bytes_of(v) + c_bytes_of(v) +
-         4 * stages_of(v) * 8 + 2 * 8 /* V_PP's turn barriers */ +
+         4 * stages_of(v) * 8 +
          (is_dyn(v) ? RING * (8 + 8 + 4) : 0) /* V_DYN's ring: two barriers and an int a slot */ +
          (cluster_of(v) == 2 ? RING * (8 + 8 + 4) : 0) /* V_MD's mailbox, the same */;
 }
@@ -196,26 +188,13 @@ __host__ __device__ constexpr int fix_end(int v, int rv) {
 }
 
 #ifdef SLUICE_SM90A_DEVICE
-template <typename T, int TA, int TB, int NREG>
-__device__ __forceinline__ void wgmma_tile(float (&acc)[NREG], uint64_t da, uint64_t db,
+template <typename T, int TA, int TB>
+__device__ __forceinline__ void wgmma_tile(float (&acc)[128], uint64_t da, uint64_t db,
                                            int scale_d = 1) {
-  if constexpr (NREG == 128) {
-    if constexpr (std::is_same<T, __nv_bfloat16>::value)
-      wgmma_m64n256k16_bf16<TA, TB>(acc, da, db, scale_d);
-    else
-      wgmma_m64n256k16_f16<TA, TB>(acc, da, db, scale_d);
-  } else {
-    if constexpr (std::is_same<T, __nv_bfloat16>::value)
-      wgmma_m64n128k16_bf16<TA, TB>(acc, da, db, scale_d);
-    else
-      wgmma_m64n128k16_f16<TA, TB>(acc, da, db, scale_d);
-  }
-}
-
-template <int NREG>
-__device__ __forceinline__ void fence_acc(float (&d)[NREG]) {
-#pragma unroll
-  for (int i = 0; i < NREG; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  if constexpr (std::is_same<T, __nv_bfloat16>::value)
+    wgmma_m64n256k16_bf16<TA, TB>(acc, da, db, scale_d);
+  else
+    wgmma_m64n256k16_f16<TA, TB>(acc, da, db, scale_d);
 }
 
 /* One 64-row accumulator half (NREG/4 column groups of 8) into 128B-swizzled 64x64 boxes at
@@ -369,13 +348,13 @@ __global__ void __launch_bounds__(THREADS, 1)
 #ifdef SLUICE_SM90A_DEVICE
   constexpr int STAGES = stages_of(VARIANT);
   constexpr size_t PIPE_BYTES = pipe_bytes(VARIANT);
-  constexpr bool PP = is_pp(VARIANT), SKIP = has_skip(VARIANT);
+  constexpr bool SKIP = has_skip(VARIANT);
   constexpr bool WAIT1 = VARIANT != V_BASE; /* one k-block of wgmmas in flight */
   constexpr bool TMA_C = has_tma_c(VARIANT);
   constexpr bool AHEAD = has_ahead(VARIANT); /* V_AHS: also the stmatrix epilogue */
   constexpr bool DYN = is_dyn(VARIANT);
   constexpr bool FB = has_fused_boxes(VARIANT); /* (gmm with transpose_rhs: nothing to fuse) */
-  constexpr int TBN = bn_of(VARIANT), NB = TBN / 64; /* tile columns, 64-column B boxes */
+  constexpr int TBN = BN, NB = TBN / 64; /* tile columns, 64-column B boxes */
   constexpr int SBYTES = stage_bytes_of(VARIANT);
   /* rows of a k-block, one input box, a stage's A part */
   constexpr int BKV = bk_of(VARIANT), IBOX = in_box_bytes(VARIANT), A_B = 2 * IBOX;
@@ -393,10 +372,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   const uint32_t full0 = smem_u32(bars), empty0 = full0 + STAGES * 8, fixed0 = empty0 + STAGES * 8;
   const uint32_t issued0 =
       fixed0 + STAGES * 8;                     /* tgmm: producer issued a block that needs fixing */
-  const uint32_t turn0 = issued0 + STAGES * 8; /* V_PP: turn0 + 8 * cw, warpgroup cw's turn */
   /* V_DYN's ring: slot r holds a tile index (ring0 + 4r), filled (tfull0 + 8r, the producer
    * arrives) and read by every consumer and fixer thread (tempty0 + 8r, each arrives) */
-  const uint32_t tfull0 = turn0 + 16, tempty0 = tfull0 + RING * 8, ring0 = tempty0 + RING * 8;
+  const uint32_t tfull0 = issued0 + STAGES * 8, tempty0 = tfull0 + RING * 8, ring0 = tempty0 + RING * 8;
   /* V_MD's mailbox, used in the rank-1 CTA: slot r holds a unit index (mbox0 + 4r), filled
    * (mfull0 + 8r, the rank-0 producer arrives remotely); rank 0's mempty0 + 8r: read (the rank-1
    * producer arrives remotely) */
@@ -416,15 +394,12 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full0 + 8 * s, 1);
-      /* lane 0 of each consumer warp that reads the stage: both warpgroups, or the owner (PP),
-       * of each CTA whose copy of the stage the producer writes (MC: both CTAs) */
-      mbar_init(empty0 + 8 * s, (PP ? 4 : 8) * PAIR);
+      /* lane 0 of each consumer warp (both warpgroups) of each CTA whose copy of the stage the
+       * producer writes (MC: both CTAs) */
+      mbar_init(empty0 + 8 * s, 8 * PAIR);
       mbar_init(fixed0 + 8 * s, 1);  /* tgmm: the fixer warps zeroed the rows past the group */
       mbar_init(issued0 + 8 * s, 1); /* tgmm: the producer issued such a block into stage s */
     }
-    /* V_PP: all 128 threads of the other consumer warpgroup have seen its last block land */
-    mbar_init(turn0, 128);
-    mbar_init(turn0 + 8, 128);
     if constexpr (DYN) {
       for (int r = 0; r < RING; ++r) {
         mbar_init(tfull0 + 8 * r, 1);
@@ -662,164 +637,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
       SL_TR_STORE(ft == 0);
     }
-  } else if constexpr (PP) {
-    /* Ping-pong consumers: warpgroup cw takes the CTA's tiles i = cw, cw + 2, ... and steps its
-     * stage counter over the other's tiles. A warpgroup starts waiting on its tile's first block
-     * only after the other has seen its own last block land (the "turn" barriers): a full barrier
-     * wait is a parity wait, right only while the waiter is at most one phase ahead of the
-     * producer, and a warpgroup that skips a whole tile of blocks would otherwise be further
-     * ahead than that. It also keeps the mainloops in order, one after the other, with each
-     * epilogue running during the other warpgroup's mainloop. */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int cw = wg - 1;
-    const int lt = threadIdx.x & 127, warp = lt >> 5, lane = lt & 31;
-    float acc0[64], acc1[64]; /* rows 0-63 and 64-127 of the 128x128 tile */
-    int s = 0, i = 0;
-    uint32_t phase = 0, fixed_phase = 0; /* bit s: parity of stage s's next "fixed" phase */
-    uint32_t turn_phase = 0;
-    const uint32_t cbase = c_smem + cw * (c_bytes_of(VARIANT) / 2);
-    const uint32_t my_turn = turn0 + 8 * cw, other_turn = turn0 + 8 * (1 - cw);
-    for (int t = cid; t < total_tiles; t += ncl, ++i) {
-      int j, m0, n0, nk, gs, ge;
-      decode(t, j, m0, n0, nk, gs, ge);
-      const bool fix = needs_fix(nk, ge - gs);
-      if ((i & 1) != cw) {
-        if (fix) fixed_phase ^= 1u << ((s + nk - 1) % STAGES);
-        const int adv = s + nk;
-        phase ^= (uint32_t)((adv / STAGES) & 1);
-        s = adv % STAGES;
-        continue;
-      }
-      /* One k-block from stage s: NKK k16 steps, both 64-row halves or (TWO false) the first.
-       * The choices are template arguments taken once per tile: a wgmma on a conditional path
-       * makes ptxas serialize every wgmma of the kernel (C7518/C7520). */
-      auto kblock = [&](auto two_c, auto nkk_c, auto last_c) {
-        constexpr bool TWO = decltype(two_c)::value, LAST = decltype(last_c)::value;
-        constexpr int NKK = decltype(nkk_c)::value;
-        mbar_wait(full0 + 8 * s, phase);
-        if constexpr (LAST) mbar_arrive(other_turn);
-        if constexpr (TGMM) {
-          /* wait for the fixers on the last block if it needs them; otherwise this waits on the
-           * full barrier that just completed (a select, not a branch) */
-          const bool fl = fix && LAST;
-          mbar_wait(fl ? fixed0 + 8 * s : full0 + 8 * s, fl ? (fixed_phase >> s) & 1 : phase);
-          fixed_phase ^= (fl ? 1u : 0u) << s;
-        }
-        const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_BYTES;
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < NKK; ++kk) {
-          uint64_t da0, da1, db;
-          if (TGMM) {
-            da0 = make_desc(sa + kk * 2048, BOX_BYTES, 1024);
-            da1 = make_desc(sa + BOX_BYTES + kk * 2048, BOX_BYTES, 1024);
-            db = make_desc(sb + kk * 2048, BOX_BYTES, 1024);
-          } else {
-            da0 = make_desc(sa + kk * 32, 16, 1024);
-            da1 = make_desc(sa + 64 * 128 + kk * 32, 16, 1024);
-            db = TRANS_B ? make_desc(sb + kk * 32, 16, 1024)
-                         : make_desc(sb + kk * 2048, BOX_BYTES, 1024);
-          }
-          constexpr int TA = TGMM ? 1 : 0, TB = TRANS_B ? 0 : 1;
-          wgmma_tile<T, TA, TB>(acc0, da0, db);
-          if constexpr (TWO) wgmma_tile<T, TA, TB>(acc1, da1, db);
-        }
-        wgmma_commit();
-        wgmma_wait1();
-        fence_acc(acc0);
-        if constexpr (TWO) fence_acc(acc1); /* (a register fence on an idle acc1 is a def: C7515) */
-      };
-      auto release_prev = [&](int kb) {
-        if (kb > 0 && lane == 0) mbar_arrive(empty0 + 8 * (s == 0 ? STAGES - 1 : s - 1));
-        if (++s == STAGES) s = 0, phase ^= 1;
-      };
-      auto zero_acc = [&](auto two_c) {
-#pragma unroll
-        for (int r = 0; r < 64; ++r) {
-          acc0[r] = 0.f;
-          if constexpr (decltype(two_c)::value) acc1[r] = 0.f;
-        }
-      };
-      auto mainloop = [&](auto two_c, auto nkl_c) {
-        /* acc1 is zeroed (and read by the epilogue) only where the second half is computed */
-        zero_acc(two_c);
-        int kb = 0;
-        for (; kb < nk - 1; ++kb) {
-          kblock(two_c, std::integral_constant<int, BK / 16>{}, std::false_type{});
-          release_prev(kb);
-        }
-        kblock(two_c, nkl_c, std::true_type{});
-        release_prev(kb);
-        if constexpr (!decltype(two_c)::value) {
-          wgmma_wait0(); /* nothing in flight where the two register allocations merge (C7515) */
-          fence_acc(acc0);
-        }
-      };
-      using I1 = std::integral_constant<int, 1>;
-      using I2 = std::integral_constant<int, 2>;
-      using I3 = std::integral_constant<int, 3>;
-      using I4 = std::integral_constant<int, 4>;
-      if (i > 0) { /* tile i-1 is the other warpgroup's */
-        mbar_wait(my_turn, turn_phase);
-        turn_phase ^= 1;
-      }
-      if (nk > 0) {
-        if (TGMM) {
-          /* tgmm: the last block issues only the k16 steps that hold rows of the group */
-          const int nkl = (ge - gs - (nk - 1) * BK + 15) / 16;
-          if (nkl == 1)
-            mainloop(std::true_type{}, I1{});
-          else if (nkl == 2)
-            mainloop(std::true_type{}, I2{});
-          else if (nkl == 3)
-            mainloop(std::true_type{}, I3{});
-          else
-            mainloop(std::true_type{}, I4{});
-        } else if (ge - m0 > 64) {
-          mainloop(std::true_type{}, I4{});
-        } else {
-          /* gmm: no row of the second 64-row half is in the group: issue only the first */
-          mainloop(std::false_type{}, I4{});
-        }
-      } else {
-        zero_acc(std::true_type{}); /* tgmm, empty group: its tile of zeros */
-      }
-      wgmma_wait0(); /* unconditional: a wgmma wait on a conditional path serializes (C7518) */
-      fence_acc(acc0);
-      fence_acc(acc1);
-      if (nk > 0 && lane == 0) mbar_arrive(empty0 + 8 * (s == 0 ? STAGES - 1 : s - 1));
-      if (nk == 0) mbar_arrive(other_turn); /* (in the branch above: C7515) */
-
-      /* Epilogue, 64 rows at a time through this warpgroup's 16 KB staging buffer. */
-      const int row_limit = TGMM ? a.k : ge;
-      void *out =
-          TGMM ? (void *)((char *)a.out + (size_t)j * a.k * a.n * dtype_bytes(a.out_dtype)) : a.out;
-      auto epi_half = [&](const float(&acc)[64], int row0) {
-        if (!TGMM && row0 >= row_limit) return; /* tgmm: the TMA store clips rows past K */
-        if (TGMM || row0 + 64 <= ge) {
-          if (lt == 0) bulk_wait_read0(); /* the last store has read the staging buffer */
-          named_bar(2 + cw, 128);
-          stage_half(acc, cbase, a.out_dtype, warp, lane);
-          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-          named_bar(2 + cw, 128);
-          if (lt == 0) {
-#pragma unroll
-            for (int b = 0; b < 2; ++b) {
-              if (TGMM)
-                tma_store_3d(&map_c, cbase + b * BOX_BYTES, n0 + 64 * b, row0, j);
-              else
-                tma_store_2d(&map_c, cbase + b * BOX_BYTES, n0 + 64 * b, row0);
-            }
-            bulk_commit();
-          }
-        } else {
-          store_half_regs(acc, out, a.out_dtype, a.n, row0, n0, row_limit, warp, lane);
-        }
-      };
-      epi_half(acc0, m0);
-      epi_half(acc1, m0 + 64);
-    }
-    if (lt == 0) bulk_wait0(); /* stores done before the CTA's shared memory goes away */
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int cw = wg - 1; /* which 64 rows of the tile */
@@ -1160,8 +977,8 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     if (MC) ok = ok && make_map(&ma2, a.lhs, a.in_dtype, 2, da, sa, box64);
     if (TRANS_B) {
       const uint64_t db[3] = {K, N, GL}, sb[2] = {K * 2, N * K * 2};
-      const uint32_t boxb[3] = {64, (uint32_t)bn_of(VARIANT), 1};
-      const uint32_t boxb2[3] = {64, (uint32_t)bn_of(VARIANT) / 2, 1};
+      const uint32_t boxb[3] = {64, (uint32_t)BN, 1};
+      const uint32_t boxb2[3] = {64, (uint32_t)BN / 2, 1};
       ok = ok && make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, boxb);
       if (MC) ok = ok && make_map(&mb2, a.rhs, a.in_dtype, 3, db, sb, boxb2);
     } else if (has_fused_boxes(VARIANT)) {
@@ -1196,7 +1013,7 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): %zu bytes of shared memory: %s", smem,
                         cudaGetErrorString(err));
   constexpr int PAIR = cluster_of(VARIANT);
-  const int tiles_n = (a.n + bn_of(VARIANT) - 1) / bn_of(VARIANT), tiles_k = (a.k + BM - 1) / BM;
+  const int tiles_n = (a.n + BN - 1) / BN, tiles_k = (a.k + BM - 1) / BM;
   /* tgmm's scheduled units (a grid no larger; gmm's grid is every SM) */
   const long long units =
       (long long)a.num_local_groups * tgmm_units_per_group(VARIANT, tiles_k, tiles_n);
@@ -1281,7 +1098,6 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     case V_BASE: return launch_v<T, V_BASE>(a, tgmm, num_sms, s);
     case V_TMA_C: return launch_v<T, V_TMA_C>(a, tgmm, num_sms, s);
     case V_TMA_CS: return launch_v<T, V_TMA_CS>(a, tgmm, num_sms, s);
-    case V_PP: return launch_v<T, V_PP>(a, tgmm, num_sms, s);
     case V_AHS: return launch_v<T, V_AHS>(a, tgmm, num_sms, s);
     case V_DYN: return launch_v<T, V_DYN>(a, tgmm, num_sms, s);
     case V_FB: return launch_v<T, V_FB>(a, tgmm, num_sms, s);
@@ -1321,9 +1137,8 @@ sl_status sm90_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
   if (variant < 0) return SL_STATUS_UNSUPPORTED;
   if (a.table) {
     /* the kernel's own table (gmm_kernel): tiles, or (V_MD) pairs of tiles */
-    const int bn = sm90::bn_of(variant);
     const bool pairs = sm90::cluster_of(variant) == 2;
-    const int tiles_n = (a.n + bn - 1) / bn;
+    const int tiles_n = (a.n + sm90::BN - 1) / sm90::BN;
     const int tiles_k = (a.k + sm90::BM - 1) / sm90::BM;
     sl_status st = table_build_launch(a, tgmm, tgmm ? 0 : sm90::BM, tiles_n,
                                       sm90::tgmm_units_per_group(variant, tiles_k, tiles_n),

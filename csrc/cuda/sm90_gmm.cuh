@@ -192,9 +192,8 @@ __device__ __forceinline__ void fence_operands(float (&d)[128]) {
   for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-/* The accumulator operands of the wgmma asm below, written once: the register list %0..%N-1 of
- * the instruction and the matching "+f" bindings of d[0..N-1], in halves of 64 (N = 64 uses the
- * first, N = 128 both). */
+/* The accumulator operands of the wgmma asm below, written once: the register list %0..%127 of
+ * the instruction and the matching "+f" bindings of d[0..127], in halves of 64. */
 #define SL_WGMMA_REGS_LO \
   "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
   "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
@@ -205,7 +204,6 @@ __device__ __forceinline__ void fence_operands(float (&d)[128]) {
   "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95," \
   "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111," \
   "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
-#define SL_WGMMA_REGS64 "{" SL_WGMMA_REGS_LO "}"
 #define SL_WGMMA_REGS128 "{" SL_WGMMA_REGS_LO "," SL_WGMMA_REGS_HI "}"
 #define SL_WGMMA_ACC_LO(d) \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
@@ -225,13 +223,10 @@ __device__ __forceinline__ void fence_operands(float (&d)[128]) {
   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#define SL_WGMMA_ACC64(d) SL_WGMMA_ACC_LO(d)
 #define SL_WGMMA_ACC128(d) SL_WGMMA_ACC_LO(d), SL_WGMMA_ACC_HI(d)
 
 /* Around the register list: the scale_d predicate before, the descriptors, transposes and scale
  * operands after (%N = da, %N+1 = db, %N+2 = TA, %N+3 = TB, %N+4 = scale_d for N accumulators). */
-#define SL_WGMMA_PRE64 "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
-#define SL_WGMMA_POST64 ", %64, %65, p, 1, 1, %66, %67;\n}\n"
 #define SL_WGMMA_PRE128 "{\n.reg .pred p;\nsetp.ne.b32 p, %132, 0;\n"
 #define SL_WGMMA_POST128 ", %128, %129, p, 1, 1, %130, %131;\n}\n"
 
@@ -247,9 +242,6 @@ __device__ __forceinline__ void fence_operands(float (&d)[128]) {
   }
 SL_WGMMA_FN(wgmma_m64n256k16_bf16, "m64n256k16", "bf16", 128)
 SL_WGMMA_FN(wgmma_m64n256k16_f16, "m64n256k16", "f16", 128)
-/* m64n128k16: the ping-pong kernel's per-warpgroup 128x128 tile is two of these per k16 step. */
-SL_WGMMA_FN(wgmma_m64n128k16_bf16, "m64n128k16", "bf16", 64)
-SL_WGMMA_FN(wgmma_m64n128k16_f16, "m64n128k16", "f16", 64)
 
 #endif /* SLUICE_SM90A_DEVICE */
 

@@ -14,8 +14,6 @@
  *   6  as 4, skipping ragged-edge work: gmm tiles with <= 64 group rows leave the second
  *      consumer warpgroup idle; tgmm's last contraction block issues only the k16 steps that hold
  *      group rows (V_TMA_CS)
- *   7  ping-pong: each consumer warpgroup owns a 128x128 tile, alternate tiles, so one's
- *      epilogue overlaps the other's mainloop; 5 stages of 32 KB; the skips of 6 (V_PP)
  *  13  as 6 with less work between tiles: the next tile decoded while the last k-block drains,
  *      scale_d = 0 instead of zeroed accumulators, the epilogue staged by stmatrix (V_AHS; the
  *      default of both ops since session 4; 12, the same without stmatrix, was removed)
@@ -29,14 +27,15 @@
  *  22  as 21 with 4 stages, the output staged in two 64x128 passes per warpgroup (V_MD4)
  *  25  tgmm: as 20 with k-blocks of 32 contraction rows in 6 stages of 24 KB (V_K32, the tgmm
  *      default since session 10); gmm: runs 20
- * (17-19, session 6's V_NS, V_HA, V_EW, 23-24, session 8's V_RS, V_RS4, and again 23-24,
+ * (7, the ping-pong V_PP (session 2; 3-11% slower, removed in session 12, in the history at
+ *  f265b23), 17-19, session 6's V_NS, V_HA, V_EW, 23-24, session 8's V_RS, V_RS4, and again 23-24,
  *  session 9's V_3W (commit 43419fc) and V_FC (6add3a9), and 26-29, session 10's V_LG2,
  *  V_LG3 (1874ec4), V_K16 and V_KS (0943536), were measured and removed: dev/NOTES.md.)
  * (tgmm, all sm90 versions: rows past a group's end are zeroed by the producer warpgroup's spare
  *  warps, off the consumers' path.)
  *
  * Run: ./gmm [versions]   versions: "all", or a comma-separated list of versions to time (default
- * 20,16: 20 is the gmm default (tgmm's is 25), 16 the one before it; 1, 2 and 7 are known slower,
+ * 20,16: 20 is the gmm default (tgmm's is 25), 16 the one before it; 1 and 2 are known slower,
  * dev/NOTES.md).
  * The timings interleave the versions, so they share one power state: a version that draws more
  * power per flop than another is not seen here; bench/clocks_gmm.py runs each alone (session 5).
