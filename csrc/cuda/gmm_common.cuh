@@ -207,7 +207,8 @@ sl_status naive_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_
 sl_status table_build_launch(const GmmArgs &a, bool tgmm, int bm, int tiles_n, int tiles_per_group,
                              cudaStream_t stream, bool pairs = false);
 /* Returns SL_STATUS_UNSUPPORTED (without setting an error) when the case is not covered.
- * variant: -1 picks the fastest that applies; 0..5 force one (sm90_gmm.cu Variant, dev harness). */
+ * variant: -1 picks the fastest that applies; a sm90_gmm.cu Variant number forces one (tests,
+ * dev harness). */
 sl_status sm90_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t stream,
                           int variant = -1);
 bool sm90_gmm_supports(const GmmArgs &a, bool tgmm);

@@ -4,7 +4,7 @@
  * Build (tests/gpu/build.sh does this, into build-gpu/):
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
  *        -Iinclude -Icsrc/core dev/cuda/gmm.cu build-gpu/status.o build-gpu/gmm_cpu.o -lgomp -o gmm
- * Versions (the numbers of removed ones, 3, 5, 8, 9, 10, 11, 12, 14 and 15, are not reused;
+ * Versions (the numbers of removed ones, 3, 5, 7, 8, 9, 10, 11, 12, 14 and 15, are not reused;
  * dev/NOTES.md has them all):
  *   1  portable: mma.sync m16n8k16, 128x256x32 tiles, 3-stage cp.async, 8 warps (sm80_gmm.cu)
  *   2  Hopper: wgmma m64n256k16 from TMA, 4-stage mbarrier pipeline, 1 producer + 2 consumer

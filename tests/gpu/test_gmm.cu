@@ -373,8 +373,9 @@ int main(int argc, char **argv) {
       Case c2 = make("gmm transpose_rhs odd edges", false, 517, 136, 300, random_sizes(9, 517));
       c2.transpose = 1;
       cases.push_back(c2);
-      /* an even number of 64-wide k-blocks and N % 64 == 0: the sm90 V_KS edge tiles (<= 64
-       * rows of a group, k-blocks split between the warpgroups) with a K-major B */
+      /* an even number of 64-wide k-blocks, N % 64 == 0 and a K-major B, with edge tiles of
+       * <= 64 group rows (written for session 10's V_KS, since removed; kept as
+       * coverage of transpose_rhs on the shapes the default sm90 kernel takes) */
       Case ce = make("gmm transpose_rhs even k-blocks", false, 1000, 256, 384, {300, 1, 0, 517, 172});
       ce.transpose = 1;
       cases.push_back(ce);
