@@ -55,7 +55,9 @@ static_assert(
  * and 0943536) - whose numbers are not to be reused again; the next new variant is 28, harness
  * version 30):
  *   V_BASE   4 stages, each k-block's wgmmas waited before the next (wait_group 0), epilogue
- *            stores straight from registers. Any output dtype: the f32-output path.
+ *            stores straight from registers. Any output dtype: the f32-output path until session 13,
+ *            now only where the staged epilogue cannot run (an f32 row not a multiple of 16
+ *            bytes, an output not 16-byte aligned).
  *   V_TMA_C  3 stages, one k-block of wgmmas in flight (wait_group 1: a stage goes back one
  *            block later), the epilogue staged in shared memory (128B-swizzled, conflict-free)
  *            and written by TMA bulk stores that overlap the next tile's mainloop. 16-bit
@@ -253,6 +255,28 @@ __device__ __forceinline__ void stage_half_stsm(const float (&acc)[NREG], uint32
                  "r"(p[0]), "r"(p[1]), "r"(p[2]), "r"(p[3])
                  : "memory");
   }
+}
+
+/* An f32 output's 8-column groups [C0, C1) of one 64-row accumulator half, staged for the TMA
+ * store from cbase on: boxes of 64 rows x 32 columns (128 bytes a row, 8 KB), 128B-swizzled like
+ * the 16-bit ones (16-byte chunk c of row r at chunk c ^ (r % 8)). One 8-byte store per pair of
+ * columns: a warp's 32 stores cover two chunks of each of 8 rows, which the swizzle spreads over
+ * all 32 banks (two wavefronts for 256 bytes, the minimum). */
+template <int C0, int C1>
+__device__ __forceinline__ void stage_f32(const float (&acc)[128], uint32_t cbase, int warp,
+                                          int lane) {
+#pragma unroll
+  for (int i = C0; i < C1; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + (lane >> 2) + h * 8;
+      const int c = 8 * (i - C0) + 2 * (lane & 3); /* column from the pass's first */
+      const uint32_t addr = cbase + (c >> 5) * (64 * 128) + r * 128 +
+                            ((((c & 31) >> 2) ^ (r & 7)) << 4) + (c & 3) * 4;
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(acc[4 * i + 2 * h]),
+                   "f"(acc[4 * i + 2 * h + 1])
+                   : "memory");
+    }
 }
 
 /* Masked stores of one 64-row accumulator half straight from registers: rows from row0, only
@@ -836,24 +860,30 @@ __global__ void __launch_bounds__(THREADS, 1)
           TGMM ? (void *)((char *)a.out + (size_t)j * a.k * a.n * dtype_bytes(a.out_dtype)) : a.out;
       if (TMA_C && (TGMM || m0 + cw * 64 + 64 <= ge)) {
         /* This warpgroup's 64x256 half: 4 boxes of 64x64, 128B-swizzled like the TMA map, in one
-         * pass, or (V_MD4, half the staging buffer) two passes of 2 boxes, the second waiting for
-         * the first's store to have read the buffer. */
-        constexpr int NPASS = c_bytes_of(VARIANT) == C_BYTES / 2 ? 2 : 1, NBOX = 4 / NPASS;
+         * pass, or (V_MD4, half the staging buffer) two passes of 2 boxes, each pass after the
+         * one before has had its store read the buffer. An f32 output is twice the bytes: twice
+         * the passes, of boxes of 64 rows x 32 columns. */
+        constexpr int NPASS = c_bytes_of(VARIANT) == C_BYTES / 2 ? 2 : 1;
         const uint32_t cbase = c_smem + cw * (c_bytes_of(VARIANT) / 2);
-        auto pass = [&](auto p_c) {
+        auto pass = [&](auto p_c, auto f32_c) {
           constexpr int P = decltype(p_c)::value;
+          constexpr bool F32 = decltype(f32_c)::value;
+          constexpr int NP = F32 ? 2 * NPASS : NPASS; /* passes */
+          constexpr int PCOLS = TBN / NP, BOXC = F32 ? 32 : 64, NBOX = PCOLS / BOXC;
+          constexpr int C0 = P * PCOLS / 8; /* the pass's first 8-column group */
           if (lt == 0) bulk_wait_read0(); /* the previous store has read the staging buffer */
           SL_TR(x0);
           SL_TR_ADD(TR_EPI_READ, x0 - e0);
           named_bar(2 + cw, 128);
           SL_TR(x1);
           SL_TR_ADD(TR_EPI_BAR, x1 - x0);
-          if constexpr (AHEAD) {
-            constexpr int C0 = P * 32 / NPASS; /* the pass's first 8-column group */
+          if constexpr (F32) {
+            stage_f32<C0, C0 + PCOLS / 8>(acc, cbase, warp, lane);
+          } else if constexpr (AHEAD) {
             if (a.out_dtype == SL_DTYPE_BF16)
-              stage_half_stsm<__nv_bfloat16, 128, C0, C0 + 32 / NPASS>(acc, cbase, warp, lane);
+              stage_half_stsm<__nv_bfloat16, 128, C0, C0 + PCOLS / 8>(acc, cbase, warp, lane);
             else
-              stage_half_stsm<__half, 128, C0, C0 + 32 / NPASS>(acc, cbase, warp, lane);
+              stage_half_stsm<__half, 128, C0, C0 + PCOLS / 8>(acc, cbase, warp, lane);
           } else {
             static_assert(NPASS == 1 || AHEAD, "two-pass staging is written for stmatrix");
             stage_half(acc, cbase, a.out_dtype, warp, lane);
@@ -869,7 +899,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           if (lt == 0) {
 #pragma unroll
             for (int b = 0; b < NBOX; ++b) {
-              const int c0 = n0 + 64 * (P * NBOX + b);
+              const int c0 = n0 + P * PCOLS + BOXC * b;
               if (TGMM)
                 tma_store_3d(&map_c, cbase + b * BOX_BYTES, c0, m0 + cw * 64, j);
               else
@@ -878,8 +908,22 @@ __global__ void __launch_bounds__(THREADS, 1)
             bulk_commit();
           }
         };
-        pass(std::integral_constant<int, 0>{});
-        if constexpr (NPASS == 2) pass(std::integral_constant<int, 1>{});
+        using I0 = std::integral_constant<int, 0>;
+        using I1 = std::integral_constant<int, 1>;
+        /* (f32 only where the launcher allows it: tma_c_ok) */
+        if (AHEAD && a.out_dtype == SL_DTYPE_F32) {
+          if constexpr (AHEAD) {
+            pass(I0{}, std::true_type{});
+            pass(I1{}, std::true_type{});
+            if constexpr (NPASS == 2) {
+              pass(std::integral_constant<int, 2>{}, std::true_type{});
+              pass(std::integral_constant<int, 3>{}, std::true_type{});
+            }
+          }
+        } else {
+          pass(I0{}, std::false_type{});
+          if constexpr (NPASS == 2) pass(I1{}, std::false_type{});
+        }
       } else {
         store_half_regs(acc, out, a.out_dtype, a.n, m0 + cw * 64, n0, row_limit, warp, lane);
       }
@@ -926,16 +970,23 @@ static bool make_map(CUtensorMap *map, const void *ptr, sl_dtype dt, int rank, c
   for (int i = 0; i < rank; ++i) d[i] = dims[i], b[i] = box[i];
   for (int i = 0; i + 1 < rank; ++i) st[i] = strides_bytes[i];
   CUresult r = encode(
-      map, dt == SL_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      map,
+      dt == SL_DTYPE_BF16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+      : dt == SL_DTYPE_F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
       (cuuint32_t)rank, const_cast<void *>(ptr), d, st, b, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }
 
-static bool tma_c_ok(const GmmArgs &a) {
-  return (a.out_dtype == SL_DTYPE_BF16 || a.out_dtype == SL_DTYPE_F16) && a.n % 8 == 0 &&
-         ((uintptr_t)a.out & 15) == 0;
+/* The staged epilogue and its TMA store: 16-bit outputs, and f32 ones in the variants with the
+ * stmatrix epilogue (has_ahead); every output row a multiple of 16 bytes, the output 16-byte
+ * aligned. */
+static bool tma_c_ok(const GmmArgs &a, int variant) {
+  const bool half = a.out_dtype == SL_DTYPE_BF16 || a.out_dtype == SL_DTYPE_F16;
+  const bool f32 = a.out_dtype == SL_DTYPE_F32 && has_ahead(variant);
+  return ((half && a.n % 8 == 0) || (f32 && a.n % 4 == 0)) && ((uintptr_t)a.out & 15) == 0;
 }
 
 template <typename T, bool TGMM, bool TRANS_B, int VARIANT>
@@ -951,6 +1002,9 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   constexpr uint32_t BKV = bk_of(VARIANT); /* rows of a k-block */
   const uint32_t box_fa[3] = {64, BKV, 2}, box_fb[4] = {64, BKV, 4, 1};
   const uint32_t box_fa2[3] = {64, 64, 1}, box_fb2[4] = {64, 64, 2, 1};
+  /* the staged output's boxes: 128 bytes x 64 rows (64 16-bit or 32 f32 columns) */
+  const uint64_t ob = dtype_bytes(a.out_dtype);
+  const uint32_t box_c[3] = {128 / (uint32_t)ob, 64, 1};
   if (TGMM) {
     if (has_fused_boxes(VARIANT)) {
       /* lhs [M, K] as {64, M, K/64}, rhs [M, N] as {64, M, N/64} (K, N % 64 == 0) */
@@ -967,8 +1021,8 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
            make_map(&mb, a.rhs, a.in_dtype, 2, db, sb, box64);
     }
     if (has_tma_c(VARIANT)) {
-      const uint64_t dc[3] = {N, K, GL}, sc[2] = {N * 2, K * N * 2};
-      ok = ok && make_map(&mc, a.out, a.out_dtype, 3, dc, sc, box64);
+      const uint64_t dc[3] = {N, K, GL}, sc[2] = {N * ob, K * N * ob};
+      ok = ok && make_map(&mc, a.out, a.out_dtype, 3, dc, sc, box_c);
     }
   } else {
     const uint64_t da[2] = {K, M}, sa[1] = {K * 2};
@@ -991,8 +1045,8 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
       ok = ok && make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, box64);
     }
     if (has_tma_c(VARIANT)) {
-      const uint64_t dc[2] = {N, M}, sc[1] = {N * 2};
-      ok = ok && make_map(&mc, a.out, a.out_dtype, 2, dc, sc, box64);
+      const uint64_t dc[2] = {N, M}, sc[1] = {N * ob};
+      ok = ok && make_map(&mc, a.out, a.out_dtype, 2, dc, sc, box_c);
     }
   }
   if (!ok) return SL_STATUS_UNSUPPORTED; /* the caller falls back to the portable kernel */
@@ -1080,8 +1134,11 @@ static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
 constexpr int kDefaultGmm = V_FB, kDefaultTgmm = V_K32;
 
 static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
-  if (variant < 0) variant = tma_c_ok(a) ? (tgmm ? kDefaultTgmm : kDefaultGmm) : V_BASE;
-  if (!is_variant(variant) || (has_tma_c(variant) && !tma_c_ok(a))) return -2;
+  if (variant < 0) {
+    variant = tgmm ? kDefaultTgmm : kDefaultGmm;
+    if (!tma_c_ok(a, variant)) variant = V_BASE;
+  }
+  if (!is_variant(variant) || (has_tma_c(variant) && !tma_c_ok(a, variant))) return -2;
   if (is_k32(variant) && !tgmm) variant = V_FB; /* V_K32 is written for tgmm */
   if (is_dyn(variant) && a.counter == nullptr) return V_AHS; /* no workspace for the counter */
   if (has_fused_boxes(variant) && (a.n % 64 || (tgmm && a.k % 64))) return V_DYN;

@@ -36,7 +36,8 @@
  *
  * Run: ./gmm [versions]   versions: "all", or a comma-separated list of versions to time (default
  * 20,16: 20 is the gmm default (tgmm's is 25), 16 the one before it; 1 and 2 are known slower,
- * dev/NOTES.md).
+ * dev/NOTES.md). HARNESS_OUT=f32 checks and times f32 outputs (versions 4 and 6 stage only 16-bit
+ * outputs: skip them with HARNESS_SKIP=4,6).
  * The timings interleave the versions, so they share one power state: a version that draws more
  * power per flop than another is not seen here; bench/clocks_gmm.py runs each alone (session 5).
  * Every version is checked for correctness whatever the list.
@@ -71,6 +72,9 @@
   } while (0)
 
 static const bool kTgmm = HARNESS_TGMM;
+/* HARNESS_OUT=f32: time (and check) f32 outputs instead of bf16 ones */
+static const bool kOutF32 = getenv("HARNESS_OUT") && !strcmp(getenv("HARNESS_OUT"), "f32");
+static const size_t kOutBytes = kOutF32 ? 4 : 2;
 static const int kVersions = 25;
 /* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
  * removed ones are not reused) */
@@ -120,7 +124,7 @@ static Problem make_problem(int m, int g, int k, int n, std::vector<int> sizes, 
   const size_t out_n = kTgmm ? (size_t)g * k * n : (size_t)m * n;
   CK(cudaMalloc(&p.lhs, lhs_n * 2));
   CK(cudaMalloc(&p.rhs, rhs_n * 2));
-  CK(cudaMalloc(&p.out, out_n * 2));
+  CK(cudaMalloc(&p.out, out_n * kOutBytes));
   CK(cudaMalloc(&p.d_sizes, g * 4));
   CK(cudaMemcpy(p.d_sizes, sizes.data(), g * 4, cudaMemcpyHostToDevice));
   if (host_data) {
@@ -149,7 +153,8 @@ static sluice_cuda::GmmArgs args_of(const Problem &p, int transpose = 0) {
   if (counter == nullptr) CK(cudaMalloc(&counter, sizeof(int)));
   a.counter = counter;
   a.m = p.m, a.k = p.k, a.n = p.n, a.num_groups = p.g, a.num_local_groups = p.g;
-  a.in_dtype = SL_DTYPE_BF16, a.out_dtype = SL_DTYPE_BF16, a.transpose_rhs = transpose;
+  a.in_dtype = SL_DTYPE_BF16, a.out_dtype = kOutF32 ? SL_DTYPE_F32 : SL_DTYPE_BF16;
+  a.transpose_rhs = transpose;
   return a;
 }
 
@@ -242,7 +247,8 @@ int main(int argc, char **argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
-  printf("%s on %s (%d SMs)\n", kTgmm ? "tgmm" : "gmm", prop.name, sms);
+  printf("%s on %s (%d SMs), %s output\n", kTgmm ? "tgmm" : "gmm", prop.name, sms,
+         kOutF32 ? "f32" : "bf16");
 
   /* 1. correctness on ragged problems with empty groups, 1-row groups, a group that ends on a
    * multiple of 16 rows, last tiles of 1-64 and 65-127 rows, rows past sum(sizes), and K/N edges
@@ -270,15 +276,17 @@ int main(int argc, char **argv) {
     if (st != SL_STATUS_SUCCESS) printf("cpu reference failed: %s\n", sl_last_error());
     for (int v = 1; v <= kVersions; ++v) {
       if (skip[v] || !version_exists(v)) continue;
-      CK(cudaMemset(p.out, 0xFF, out_n * 2));
+      CK(cudaMemset(p.out, 0xFF, out_n * kOutBytes));
       st = run_version(v, args_of(p, tr), sms);
       CK(cudaDeviceSynchronize());
-      std::vector<uint16_t> out(out_n);
-      CK(cudaMemcpy(out.data(), p.out, out_n * 2, cudaMemcpyDeviceToHost));
+      std::vector<uint16_t> out(out_n * kOutBytes / 2);
+      CK(cudaMemcpy(out.data(), p.out, out_n * kOutBytes, cudaMemcpyDeviceToHost));
       double num = 0, den = 0;
       size_t nan = 0;
       for (size_t i = 0; i < out_n; ++i) {
-        const double o = bf16_float(out[i]);
+        float f32;
+        if (kOutF32) memcpy(&f32, &out[2 * i], 4);
+        const double o = kOutF32 ? (double)f32 : bf16_float(out[i]);
         if (o != o)
           ++nan;
         else

@@ -346,6 +346,16 @@ int main(int argc, char **argv) {
       cases.push_back(c);
     }
     {
+      /* f32 outputs through the staged TMA epilogue (sm90: twice the passes of a 16-bit one) */
+      Case c = make(nm("bf16 in, f32 out, odd edges"), tg, 777, 200, 328, random_sizes(5, 777));
+      c.out = SL_DTYPE_F32;
+      cases.push_back(c);
+      Case c2 = make(nm("bf16 in, f32 out, 64-multiples"), tg, 1000, 256, 512,
+                     {300, 0, 1, 517, 129, 0, 48});
+      c2.out = SL_DTYPE_F32;
+      cases.push_back(c2);
+    }
+    {
       Case c = make(nm("bf16 in, f16 out"), tg, 500, 128, 256, random_sizes(3, 480));
       c.out = SL_DTYPE_F16;
       cases.push_back(c);
@@ -379,6 +389,9 @@ int main(int argc, char **argv) {
       Case ce = make("gmm transpose_rhs even k-blocks", false, 1000, 256, 384, {300, 1, 0, 517, 172});
       ce.transpose = 1;
       cases.push_back(ce);
+      Case cf = make("gmm transpose_rhs f32 out", false, 1000, 264, 384, random_sizes(5, 990));
+      cf.transpose = 1, cf.out = SL_DTYPE_F32;
+      cases.push_back(cf);
       Case c3 =
           make("gmm transpose_rhs K odd (slow path)", false, 200, 99, 130, random_sizes(3, 200));
       c3.transpose = 1;
@@ -401,6 +414,7 @@ int main(int argc, char **argv) {
           c.name.find("16-row group ends") != std::string::npos ||
           c.name.find("sum < M") != std::string::npos ||
           c.name.find("even k-blocks") != std::string::npos ||
+          c.name.find("f32 out, ") != std::string::npos ||
           c.name.find("workspace") != std::string::npos)
         keep.push_back(c);
     cases = keep;
