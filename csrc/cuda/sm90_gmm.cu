@@ -116,8 +116,8 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * split into 64-element blocks (dims {64, rows, cols/64[, G]}), so the box {64, 64, 4} lands as the
  * same four 128B-swizzled 8 KB boxes. 2 TMA instructions per k-block instead of 5 (gmm) or 6
  * (tgmm). Needs the split dimension to be a multiple of 64 (else the view would alias the next
- * row instead of zero-filling): otherwise V_DYN runs. The default of both ops since session 6 (of
- * gmm only since session 10, where V_K32 took tgmm):
+ * row instead of zero-filling): otherwise V_DYN runs. The default of both ops in session 6 (of gmm
+ * alone in sessions 10-12: V_K32 took tgmm, then gmm; gmm with transpose_rhs still runs it):
  * gmm level with V_DYN (0.99-1.01x), tgmm +0.2-1.8% in all 16 harness cases (2026-11-24). */
 /* V_MD: V_FB on clusters of 2 CTAs with TMA multicast, so each operand byte a pair shares crosses
  * from L2 once. A unit of work is a pair of tiles: two row tiles of one column block (they share
@@ -136,14 +136,18 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * SM-to-SM network, and the extra stage covers that latency. gmm: V_FB's cycles with V_MD's L2
  * traffic, +1-3% alone under sustained load, 0.96-1.0x in turn; tgmm slower (the second staging
  * pass). Not the default: the benchmark times the implementations in turn. */
-/* V_K32 (tgmm only; gmm runs V_FB): V_FB with k-blocks of 32 contraction rows in 6 stages of 24
- * KB (the 144 KB of V_FB's 3 x 48 KB). The two consumer warpgroups still hold the last two blocks
- * (wait_group 1), now 64 rows instead of 128, so the producer's lookahead is 4 blocks of 32 rather
- * than one of 64, and a group's last, partial block loads and waits for 32 rows rather than 64.
- * Harness (one H200, 2026-11-24, gmm-harness-20261124-J.txt): 1.000-1.006x of V_FB on uniform
- * sizes, 1.010-1.026x ragged, 1.002-1.012x skewed. Written as the control of a lag experiment
- * (warpgroup 2 held 2-3 blocks behind warpgroup 1, so that each epilogue overlaps the other's
- * wgmmas: 0.96-1.00x of V_FB, removed; in the history at 1874ec4). */
+/* V_K32: V_FB with k-blocks of 32 rows (tgmm: contraction rows; gmm: K columns) in 6 stages of
+ * 24 KB (the 144 KB of V_FB's 3 x 48 KB). The two consumer warpgroups still hold the last two
+ * blocks (wait_group 1), now 64 rows instead of 128, so the producer's lookahead is 4 blocks of 32
+ * rather than one of 64, and (tgmm) a group's last, partial block loads and waits for 32 rows
+ * rather than 64. tgmm harness (one H200, 2026-11-24, gmm-harness-20261124-J.txt): 1.000-1.006x
+ * of V_FB on uniform sizes, 1.010-1.026x ragged, 1.002-1.012x skewed. Written as the control of a
+ * lag experiment (warpgroup 2 held 2-3 blocks behind warpgroup 1, so that each epilogue overlaps
+ * the other's wgmmas: 0.96-1.00x of V_FB, removed; in the history at 1874ec4). gmm (session 13):
+ * A's 32-column blocks are 64-byte rows, loaded and read with the 64B swizzle; N-major B only
+ * (transpose_rhs runs V_FB). Two interleaved harness calls: 0.989-1.022x of V_FB, geomean
+ * 1.005x both times (dsv3-down and qwen3 +0.5..+2.2%, gateup's "halves" -0.6..-1.1%); bench
+ * gmm/torch 1.13x against V_FB's 1.12x in the same call. The default of both ops. */
 __host__ __device__ constexpr bool is_k32(int v) { return v == V_K32; }
 __host__ __device__ constexpr bool is_mc(int v) { return v == V_MD || v == V_MD4; }
 __host__ __device__ constexpr bool has_fused_boxes(int v) {
@@ -384,7 +388,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr int BKV = bk_of(VARIANT), IBOX = in_box_bytes(VARIANT), A_B = 2 * IBOX;
   constexpr int PAIR = cluster_of(VARIANT); /* CTAs per cluster, tiles per scheduled unit */
   constexpr bool MC = PAIR == 2;
-  static_assert(!is_k32(VARIANT) || (TGMM && !MC), "V_K32 is a tgmm variant on single CTAs");
+  static_assert(!is_k32(VARIANT) || (!MC && !(TGMM && TRANS_B)), "V_K32 runs on single CTAs");
+  static_assert(!is_k32(VARIANT) || TGMM || !TRANS_B, "gmm V_K32: N-major B only");
   const uint32_t rank = MC ? cluster_ctarank() : 0, peer = rank ^ 1;
   const int cid = blockIdx.x / PAIR, ncl = gridDim.x / PAIR; /* cluster id and count */
   extern __shared__ __align__(1024) unsigned char smem_sm90[];
@@ -598,7 +603,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 tma_load_2d(sb + i * BOX_BYTES, &map_b, n0 + 64 * i, r0, full);
             }
           } else {
-            const int k0 = kb * BK;
+            const int k0 = kb * BKV;
             tma_load_2d(sa, &map_a, k0, m0, full);
             if (TRANS_B) {
               tma_load_3d(sb, &map_b, k0, n0, j, full);
@@ -798,18 +803,23 @@ __global__ void __launch_bounds__(THREADS, 1)
           SL_TR(w0);
           mbar_wait(full0 + 8 * s, phase);
           SL_TR_FULL(w0);
-          const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_BYTES;
+          const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_B;
           if (fix && kb == nk - 1) {
             mbar_wait(fixed0 + 8 * s, (fixed_phase >> s) & 1);
             fixed_phase ^= 1u << s;
           }
           wgmma_fence();
 #pragma unroll
-          for (int kk = 0; kk < BK / 16; ++kk) {
+          for (int kk = 0; kk < BKV / 16; ++kk) {
             uint64_t da, db;
             if (TGMM) {
               da = make_desc(sa + cw * BOX_BYTES + kk * 2048, BOX_BYTES, 1024);
               db = make_desc(sb + kk * 2048, BOX_BYTES, 1024);
+            } else if (BKV == 32) {
+              /* gmm V_K32: A's 32-column blocks are 64-byte rows (64B swizzle, 8-row groups 512
+               * bytes apart); B as tgmm V_K32's, four 32x64 boxes IBOX apart */
+              da = make_desc<true>(sa + cw * 64 * 64 + kk * 32, 16, 512);
+              db = make_desc(sb + kk * 2048, IBOX, 1024);
             } else {
               da = make_desc(sa + cw * 64 * 128 + kk * 32, 16, 1024);
               db = TRANS_B ? make_desc(sb + kk * 32, 16, 1024)
@@ -960,9 +970,10 @@ static PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-/* A tensor map with 128B swizzle and zero fill out of bounds; dims[0] is the contiguous one. */
+/* A tensor map with 128B swizzle (sw64: 64B) and zero fill out of bounds; dims[0] is the
+ * contiguous one. */
 static bool make_map(CUtensorMap *map, const void *ptr, sl_dtype dt, int rank, const uint64_t *dims,
-                     const uint64_t *strides_bytes, const uint32_t *box) {
+                     const uint64_t *strides_bytes, const uint32_t *box, bool sw64 = false) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
   if (encode == nullptr) return false;
   cuuint64_t d[4], st[3];
@@ -975,7 +986,8 @@ static bool make_map(CUtensorMap *map, const void *ptr, sl_dtype dt, int rank, c
       : dt == SL_DTYPE_F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
       (cuuint32_t)rank, const_cast<void *>(ptr), d, st, b, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      sw64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }
@@ -1026,8 +1038,8 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     }
   } else {
     const uint64_t da[2] = {K, M}, sa[1] = {K * 2};
-    const uint32_t boxa[2] = {64, 128};
-    ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, boxa);
+    const uint32_t boxa[2] = {BKV, 128}; /* (V_K32: 64-byte rows, 64B swizzle) */
+    ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, boxa, BKV == 32);
     if (MC) ok = ok && make_map(&ma2, a.lhs, a.in_dtype, 2, da, sa, box64);
     if (TRANS_B) {
       const uint64_t db[3] = {K, N, GL}, sb[2] = {K * 2, N * K * 2};
@@ -1118,9 +1130,10 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
 
 template <typename T, int VARIANT>
 static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t s) {
-  if constexpr (is_k32(VARIANT)) { /* tgmm only (resolve_variant) */
-    if (!tgmm) return SL_STATUS_UNSUPPORTED;
-    return launch<T, true, false, VARIANT>(a, num_sms, s);
+  if constexpr (is_k32(VARIANT)) { /* N-major B only (resolve_variant) */
+    if (!tgmm && a.transpose_rhs) return SL_STATUS_UNSUPPORTED;
+    if (tgmm) return launch<T, true, false, VARIANT>(a, num_sms, s);
+    return launch<T, false, false, VARIANT>(a, num_sms, s);
   } else {
     if (tgmm) return launch<T, true, false, VARIANT>(a, num_sms, s);
     return a.transpose_rhs ? launch<T, false, true, VARIANT>(a, num_sms, s)
@@ -1131,7 +1144,7 @@ static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
 /* The variant that runs: `variant` if given (-1: the default for these arguments), or
  * SL_STATUS_UNSUPPORTED's -2 when the given one cannot run them. */
 /* The defaults for 16-bit outputs (dev/NOTES.md has the measurements behind them). */
-constexpr int kDefaultGmm = V_FB, kDefaultTgmm = V_K32;
+constexpr int kDefaultGmm = V_K32, kDefaultTgmm = V_K32; /* gmm with transpose_rhs: V_FB */
 
 static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   if (variant < 0) {
@@ -1139,7 +1152,7 @@ static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
     if (!tma_c_ok(a, variant)) variant = V_BASE;
   }
   if (!is_variant(variant) || (has_tma_c(variant) && !tma_c_ok(a, variant))) return -2;
-  if (is_k32(variant) && !tgmm) variant = V_FB; /* V_K32 is written for tgmm */
+  if (is_k32(variant) && !tgmm && a.transpose_rhs) variant = V_FB; /* K-major B: 128B rows */
   if (is_dyn(variant) && a.counter == nullptr) return V_AHS; /* no workspace for the counter */
   if (has_fused_boxes(variant) && (a.n % 64 || (tgmm && a.k % 64))) return V_DYN;
   /* V_MD4 leaves ~1 KB of the 227 KB an sm_90 CTA may have (1 KB of it static) for the group

@@ -136,14 +136,16 @@ __device__ __forceinline__ void cluster_sync() {
                    : "memory");
 }
 
-/* Shared-memory matrix descriptor, 128-byte swizzle. K-major: rows of 128 bytes, 8-row groups
- * SBO apart (LBO unused). MN-major: 64-element MN blocks LBO apart, 8-row K groups SBO apart. */
+/* Shared-memory matrix descriptor, 128-byte swizzle (SW64: 64-byte). K-major: rows of 128 (64)
+ * bytes, 8-row groups SBO apart (LBO unused). MN-major: 64-element MN blocks LBO apart, 8-row K
+ * groups SBO apart. */
+template <bool SW64 = false>
 __device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
   uint64_t d = 0;
   d |= (uint64_t)((saddr & 0x3FFFF) >> 4);
   d |= (uint64_t)((lbo >> 4) & 0x3FFF) << 16;
   d |= (uint64_t)((sbo >> 4) & 0x3FFF) << 32;
-  d |= (uint64_t)1 << 62; /* 128B swizzle */
+  d |= (uint64_t)(SW64 ? 2 : 1) << 62; /* layout type: 1 = 128B swizzle, 2 = 64B */
   return d;
 }
 
