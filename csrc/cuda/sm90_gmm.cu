@@ -116,8 +116,8 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * split into 64-element blocks (dims {64, rows, cols/64[, G]}), so the box {64, 64, 4} lands as the
  * same four 128B-swizzled 8 KB boxes. 2 TMA instructions per k-block instead of 5 (gmm) or 6
  * (tgmm). Needs the split dimension to be a multiple of 64 (else the view would alias the next
- * row instead of zero-filling): otherwise V_DYN runs. The default of both ops in session 6 (of gmm
- * alone in sessions 10-12: V_K32 took tgmm, then gmm; gmm with transpose_rhs still runs it):
+ * row instead of zero-filling): otherwise V_DYN runs. The default of both ops since session 6 (of
+ * gmm only since session 10, where V_K32 took tgmm):
  * gmm level with V_DYN (0.99-1.01x), tgmm +0.2-1.8% in all 16 harness cases (2026-11-24). */
 /* V_MD: V_FB on clusters of 2 CTAs with TMA multicast, so each operand byte a pair shares crosses
  * from L2 once. A unit of work is a pair of tiles: two row tiles of one column block (they share
@@ -145,9 +145,11 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * lag experiment (warpgroup 2 held 2-3 blocks behind warpgroup 1, so that each epilogue overlaps
  * the other's wgmmas: 0.96-1.00x of V_FB, removed; in the history at 1874ec4). gmm (session 13):
  * A's 32-column blocks are 64-byte rows, loaded and read with the 64B swizzle; N-major B only
- * (transpose_rhs runs V_FB). Two interleaved harness calls: 0.989-1.022x of V_FB, geomean
- * 1.005x both times (dsv3-down and qwen3 +0.5..+2.2%, gateup's "halves" -0.6..-1.1%); bench
- * gmm/torch 1.13x against V_FB's 1.12x in the same call. The default of both ops. */
+ * (transpose_rhs runs V_FB). In turn with other kernels it is a little faster than V_FB (two
+ * interleaved harness calls: 0.989-1.022x, geomean 1.005x both times; bench gmm/torch 1.13x
+ * against 1.12x in one call), alone under sustained load a little slower (-0.2..-4.2%, gateup
+ * most: its clock settles 45-60 MHz lower - twice the TMA requests and barrier traffic per flop),
+ * so it is not the gmm default: SLUICE_GMM_VARIANT=23 selects it. The tgmm default. */
 __host__ __device__ constexpr bool is_k32(int v) { return v == V_K32; }
 __host__ __device__ constexpr bool is_mc(int v) { return v == V_MD || v == V_MD4; }
 __host__ __device__ constexpr bool has_fused_boxes(int v) {
@@ -1144,7 +1146,7 @@ static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
 /* The variant that runs: `variant` if given (-1: the default for these arguments), or
  * SL_STATUS_UNSUPPORTED's -2 when the given one cannot run them. */
 /* The defaults for 16-bit outputs (dev/NOTES.md has the measurements behind them). */
-constexpr int kDefaultGmm = V_K32, kDefaultTgmm = V_K32; /* gmm with transpose_rhs: V_FB */
+constexpr int kDefaultGmm = V_FB, kDefaultTgmm = V_K32;
 
 static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   if (variant < 0) {

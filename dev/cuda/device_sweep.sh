@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/sweep-out}
 mkdir -p "$OUT"
 export BUILD=${BUILD:-build-gpu}
-VERS=${HARNESS_VERSIONS:-25,20}
+VERS=${HARNESS_VERSIONS:-20,16}
 t0=$(date +%s)
 el() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$OUT/summary.txt"; }
 LOGS="$BUILD/logs"
@@ -36,7 +36,7 @@ for op in gmm tgmm; do
   rc=$?
   if [ $rc = 124 ]; then
     echo "(timed out: rerun without versions ${HANG_SKIP:-21,22})" >>"$OUT/harness-$op.txt"
-    HARNESS_SKIP=${HANG_SKIP:-21,22} timeout 60 "$BUILD/$op" "${HANG_VERS:-25,20}" >>"$OUT/harness-$op.txt" 2>&1
+    HARNESS_SKIP=${HANG_SKIP:-21,22} timeout 60 "$BUILD/$op" "${HANG_VERS:-20,16}" >>"$OUT/harness-$op.txt" 2>&1
     rc=$?
   fi
   el "harness $op rc=$rc"
