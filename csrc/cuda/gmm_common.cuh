@@ -30,7 +30,6 @@ struct GmmArgs {
   int num_groups, num_local_groups;
   sl_dtype in_dtype, out_dtype;
   int transpose_rhs; /* gmm only */
-  int f32_epi = 0;   /* sm90, f32 outputs: 1 = the second half of each tile from registers (dev) */
 };
 
 /* Group table layout, in ints: [lo, hi, total_tiles, pad, start[GL], end[GL], tile_prefix[GL+1]].

@@ -926,15 +926,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (AHEAD && a.out_dtype == SL_DTYPE_F32) {
           if constexpr (AHEAD) {
             pass(I0{}, std::true_type{});
-            if (NPASS == 1 && a.f32_epi == 1) {
-              store_half_regs(*reinterpret_cast<const float(*)[64]>(&acc[64]), out, a.out_dtype,
-                              a.n, m0 + cw * 64, n0 + 128, row_limit, warp, lane);
-            } else {
             pass(I1{}, std::true_type{});
             if constexpr (NPASS == 2) {
               pass(std::integral_constant<int, 2>{}, std::true_type{});
               pass(std::integral_constant<int, 3>{}, std::true_type{});
-            }
             }
           }
         } else {

@@ -156,7 +156,6 @@ static sluice_cuda::GmmArgs args_of(const Problem &p, int transpose = 0) {
   a.m = p.m, a.k = p.k, a.n = p.n, a.num_groups = p.g, a.num_local_groups = p.g;
   a.in_dtype = SL_DTYPE_BF16, a.out_dtype = kOutF32 ? SL_DTYPE_F32 : SL_DTYPE_BF16;
   a.transpose_rhs = transpose;
-  a.f32_epi = getenv("HARNESS_F32_EPI") ? atoi(getenv("HARNESS_F32_EPI")) : 0;
   return a;
 }
 
