@@ -52,8 +52,9 @@ static_assert(
  * 12, at f265b23), V_MC 6, V_MCN 7,
  * V_OV 8, V_4S 9, 21-22, used twice: V_RS, V_RS4 (session 8), V_3W, V_FC (session 9, in the
  * history at 43419fc and 6add3a9), and 24-27: V_LG2, V_LG3, V_K16, V_KS (session 10, at 1874ec4
- * and 0943536) - whose numbers are not to be reused again, nor 28-31 (session 12's diagnostics);
- * V_TL is 32, harness version 34; the next new variant is 33):
+ * and 0943536), 28-31 (session 12's diagnostics) and 32, V_TL (session 13: the last wave of
+ * tiles in 128x128 halves, 0.99x; in the history at 9ad54f8) - whose numbers are not to be
+ * reused again; the next new variant is 33, harness version 35):
  *   V_BASE   4 stages, each k-block's wgmmas waited before the next (wait_group 0), epilogue
  *            stores straight from registers. Any output dtype: the f32-output path until
  *            session 13, now only where the staged epilogue cannot run (an f32 row not a
@@ -82,12 +83,11 @@ enum Variant {
   V_FB = 18,
   V_MD = 19,
   V_MD4 = 20,
-  V_K32 = 23,
-  V_TL = 32
+  V_K32 = 23
 };
 __host__ __device__ constexpr bool is_variant(int v) {
   return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_AHS || v == V_DYN || v == V_FB ||
-         v == V_MD || v == V_MD4 || v == V_K32 || v == V_TL;
+         v == V_MD || v == V_MD4 || v == V_K32;
 }
 /* V_AHS: V_TMA_CS with less work at tile boundaries, where both consumer warpgroups leave the
  * tensor pipe idle together (dev/cuda/trace.sh measured ~1000-1600 cycles of head - decoding the
@@ -152,17 +152,12 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * most: its clock settles 45-60 MHz lower - twice the TMA requests and barrier traffic per flop),
  * so it is not the gmm default: SLUICE_GMM_VARIANT=23 selects it. The tgmm default. */
 __host__ __device__ constexpr bool is_k32(int v) { return v == V_K32; }
-/* V_TL (gmm; tgmm runs V_K32): V_FB whose last wave of tiles - the last min(tiles, grid) of the
- * claim order - is split into 128x128 halves (one m64n128 per warpgroup on the first half of the
- * accumulator, half of B loaded), so the CTAs finish within half a tile of each other instead of
- * a whole one. */
-__host__ __device__ constexpr bool has_tail(int v) { return v == V_TL; }
 __host__ __device__ constexpr bool is_mc(int v) { return v == V_MD || v == V_MD4; }
 __host__ __device__ constexpr bool has_fused_boxes(int v) {
-  return v == V_FB || is_mc(v) || is_k32(v) || has_tail(v);
+  return v == V_FB || is_mc(v) || is_k32(v);
 }
 __host__ __device__ constexpr bool is_dyn(int v) {
-  return v == V_DYN || v == V_FB || is_mc(v) || is_k32(v) || has_tail(v);
+  return v == V_DYN || v == V_FB || is_mc(v) || is_k32(v);
 }
 __host__ __device__ constexpr bool has_ahead(int v) { return v == V_AHS || is_dyn(v); }
 __host__ __device__ constexpr bool has_tma_c(int v) { return v != V_BASE; }
@@ -209,17 +204,6 @@ __device__ __forceinline__ void wgmma_tile(float (&acc)[128], uint64_t da, uint6
     wgmma_m64n256k16_bf16<TA, TB>(acc, da, db, scale_d);
   else
     wgmma_m64n256k16_f16<TA, TB>(acc, da, db, scale_d);
-}
-
-/* m64n128k16 on the first 64 accumulators (columns 0-127 of the m64n256 layout) */
-template <typename T, int TA, int TB>
-__device__ __forceinline__ void wgmma_half(float (&acc)[128], uint64_t da, uint64_t db,
-                                           int scale_d = 1) {
-  float(&h)[64] = *reinterpret_cast<float(*)[64]>(&acc[0]);
-  if constexpr (std::is_same<T, __nv_bfloat16>::value)
-    wgmma_m64n128k16_bf16<TA, TB>(h, da, db, scale_d);
-  else
-    wgmma_m64n128k16_f16<TA, TB>(h, da, db, scale_d);
 }
 
 /* One 64-row accumulator half (NREG/4 column groups of 8) into 128B-swizzled 64x64 boxes at
@@ -438,12 +422,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   const int GL = a.num_local_groups;
   const int *start = tab + kTableHeader, *end = start + GL, *tile_prefix = end + GL;
-  constexpr bool TAIL = has_tail(VARIANT);
-  static_assert(!TAIL || (!TGMM && !MC), "V_TL is a gmm variant on single CTAs");
-  /* units of work: tiles, except (TAIL) that the last min(tiles, grid) come as two halves each,
-   * units [tail0, total_tiles) */
-  const int tail0 = TAIL ? tab[2] - min(tab[2], (int)gridDim.x) : tab[2];
-  const int total_tiles = TAIL ? 2 * tab[2] - tail0 : tab[2];
+  const int total_tiles = tab[2];
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full0 + 8 * s, 1);
@@ -471,13 +450,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   else
     __syncthreads();
 
-  /* Decodes tile (MC, TAIL: unit) t into (group j, first row m0, first column n0, k-blocks nk,
-   * group rows). MC: this CTA's tile of the unit; returns whether the pair lies along the columns
-   * (the CTAs share A) rather than along the rows (they share B). TAIL: hf = 0 for a whole tile,
-   * 1 or 2 for its first or second 128-column half. */
-  auto decode = [&](int t, int &j, int &m0, int &n0, int &nk, int &gs, int &ge, int &hf) {
-    hf = 0;
-    if (TAIL && t >= tail0) hf = 1 + ((t - tail0) & 1), t = tail0 + ((t - tail0) >> 1);
+  /* Decodes tile (MC: unit) t into (group j, first row m0, first column n0, k-blocks nk, group
+   * rows). MC: this CTA's tile of the unit; returns whether the pair lies along the columns (the
+   * CTAs share A) rather than along the rows (they share B). */
+  auto decode = [&](int t, int &j, int &m0, int &n0, int &nk, int &gs, int &ge) {
     j = find_group(tile_prefix, GL, t);
     const int u = t - tile_prefix[j];
     gs = start[j];
@@ -500,7 +476,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     m0 = (TGMM ? 0 : gs) + mt * BM;
     nk = TGMM ? (ge - gs + BKV - 1) / BKV : (a.k + BKV - 1) / BKV;
-    n0 = nt * TBN + (hf == 2 ? TBN / 2 : 0);
+    n0 = nt * TBN;
     return across;
   };
   /* tgmm: does the last block of a tile with nk blocks over `rows` rows need zeroing? */
@@ -570,14 +546,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         ring_put(cid);
       }
       for (int t = cid; t < total_tiles; t = next_tile(t)) {
-        int j, m0, n0, nk, gs, ge, hf;
-        const bool across = decode(t, j, m0, n0, nk, gs, ge, hf);
+        int j, m0, n0, nk, gs, ge;
+        const bool across = decode(t, j, m0, n0, nk, gs, ge);
         const bool fix = needs_fix(nk, ge - gs);
-        /* HALF (TAIL): a 128-column half tile, half of B. Chosen once per tile: a select on the
-         * per-stage path costs ~1% (session 6's V_HA) */
-        auto load_tile = [&](auto half_c) {
-        constexpr bool HALF = decltype(half_c)::value;
-        const CUtensorMap *mapb = HALF ? &map_b2 : &map_b;
         for (int kb = 0; kb < nk; ++kb) {
           const uint32_t full = full0 + 8 * s;
           SL_TR(w0);
@@ -585,7 +556,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           SL_TR(w1);
           SL_TR_ADD(TR_P_EMPTY, w1 - w0);
           if (kb == 0) SL_TR_ADD(TR_P_EMPTY0, w1 - w0);
-          mbar_expect_tx(full, HALF ? A_BYTES + B_BYTES / 2 : SBYTES);
+          mbar_expect_tx(full, SBYTES);
           const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_B;
           if (MC) {
             /* this CTA's own operand, and its half of the shared one multicast to both CTAs at
@@ -638,9 +609,9 @@ __global__ void __launch_bounds__(THREADS, 1)
             const int k0 = kb * BKV;
             tma_load_2d(sa, &map_a, k0, m0, full);
             if (TRANS_B) {
-              tma_load_3d(sb, mapb, k0, n0, j, full);
+              tma_load_3d(sb, &map_b, k0, n0, j, full);
             } else if (FB) {
-              tma_load_4d(sb, mapb, 0, k0, n0 / 64, j, full);
+              tma_load_4d(sb, &map_b, 0, k0, n0 / 64, j, full);
             } else {
 #pragma unroll
               for (int i = 0; i < NB; ++i)
@@ -649,15 +620,6 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
           if (fix && kb == nk - 1) mbar_arrive(issued0 + 8 * s);
           if (++s == STAGES) s = 0, phase ^= 1;
-        }
-        };
-        if constexpr (TAIL) {
-          if (hf)
-            load_tile(std::true_type{});
-          else
-            load_tile(std::false_type{});
-        } else {
-          load_tile(std::false_type{});
         }
       }
       SL_TR(p_end);
@@ -671,8 +633,8 @@ __global__ void __launch_bounds__(THREADS, 1)
       uint32_t issued_phase = 0; /* bit s: parity of stage s's next "issued" phase */
       SL_TR_DECL;
       for (int t = DYN ? ring_get() : cid; t < total_tiles; t = DYN ? ring_get() : t + ncl) {
-        int j, m0, n0, nk, gs, ge, hf;
-        decode(t, j, m0, n0, nk, gs, ge, hf);
+        int j, m0, n0, nk, gs, ge;
+        decode(t, j, m0, n0, nk, gs, ge);
         if (needs_fix(nk, ge - gs)) {
           const int rv = ge - gs - (nk - 1) * BKV; /* valid rows of the last block */
           const int fe = fix_end(VARIANT, rv);
@@ -730,23 +692,23 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
     /* AHEAD: the next tile, decoded while the current one's last k-block drains; the
      * accumulators are defined once here and then left to scale_d = 0 on a tile's first wgmma */
-    int nj = 0, nm0 = 0, nn0 = 0, nnk = 0, ngs = 0, nge = 0, nhf = 0;
+    int nj = 0, nm0 = 0, nn0 = 0, nnk = 0, ngs = 0, nge = 0;
     int tn = DYN ? ring_get() : cid; /* the next tile */
     if constexpr (AHEAD) {
-      if (tn < total_tiles) decode(tn, nj, nm0, nn0, nnk, ngs, nge, nhf);
+      if (tn < total_tiles) decode(tn, nj, nm0, nn0, nnk, ngs, nge);
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     }
     for (int t = tn; t < total_tiles; t = tn) {
-      int j, m0, n0, nk, gs, ge, hf;
+      int j, m0, n0, nk, gs, ge;
       if constexpr (AHEAD)
-        j = nj, m0 = nm0, n0 = nn0, nk = nnk, gs = ngs, ge = nge, hf = nhf;
+        j = nj, m0 = nm0, n0 = nn0, nk = nnk, gs = ngs, ge = nge;
       else
-        decode(t, j, m0, n0, nk, gs, ge, hf);
+        decode(t, j, m0, n0, nk, gs, ge);
       /* every path through a tile calls this once */
       auto decode_next = [&]() {
         tn = DYN ? ring_get() : t + ncl;
-        if (AHEAD && tn < total_tiles) decode(tn, nj, nm0, nn0, nnk, ngs, nge, nhf);
+        if (AHEAD && tn < total_tiles) decode(tn, nj, nm0, nn0, nnk, ngs, nge);
       };
       const bool fix = needs_fix(nk, ge - gs);
 #ifdef SLUICE_SM90_TRACE
@@ -840,11 +802,6 @@ __global__ void __launch_bounds__(THREADS, 1)
         SL_TR_ADD(TR_WAIT0, d1 - d0);
         if (nk > 0) release(s == 0 ? STAGES - 1 : s - 1);
       } else {
-        /* HALF (TAIL): a 128-column half tile, one m64n128 per k16 step on the accumulator's
-         * first half (the choice once per tile; the other half is untouched, which ptxas
-         * accepts without serializing the wgmmas) */
-        auto mainloop = [&](auto half_c) {
-        constexpr bool HALF = decltype(half_c)::value;
         for (int kb = 0; kb < nk; ++kb) {
           SL_TR(w0);
           mbar_wait(full0 + 8 * s, phase);
@@ -872,10 +829,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                            : make_desc(sb + kk * 2048, BOX_BYTES, 1024);
             }
             constexpr int TA = TGMM ? 1 : 0, TB = TRANS_B ? 0 : 1;
-            if constexpr (HALF)
-              wgmma_half<T, TA, TB>(acc, da, db, kk == 0 ? sd0 : 1);
-            else
-              wgmma_tile<T, TA, TB>(acc, da, db, kk == 0 ? sd0 : 1);
+            wgmma_tile<T, TA, TB>(acc, da, db, kk == 0 ? sd0 : 1);
           }
           sd0 = 1;
           wgmma_commit();
@@ -892,15 +846,6 @@ __global__ void __launch_bounds__(THREADS, 1)
             release(s);
           }
           if (++s == STAGES) s = 0, phase ^= 1;
-        }
-        };
-        if constexpr (TAIL) {
-          if (hf)
-            mainloop(std::true_type{});
-          else
-            mainloop(std::false_type{});
-        } else {
-          mainloop(std::false_type{});
         }
         decode_next(); /* (AHEAD) while the last k-block drains */
         /* AHEAD: the wait is unconditional, since the accumulators carry over to the next tile
@@ -933,15 +878,11 @@ __global__ void __launch_bounds__(THREADS, 1)
          * the passes, of boxes of 64 rows x 32 columns. */
         constexpr int NPASS = c_bytes_of(VARIANT) == C_BYTES / 2 ? 2 : 1;
         const uint32_t cbase = c_smem + cw * (c_bytes_of(VARIANT) / 2);
-        /* HALF (TAIL): a 128-column half tile, one pass (V_TL's staging buffer holds it in f32) */
-        auto pass = [&](auto p_c, auto f32_c, auto half_c) {
+        auto pass = [&](auto p_c, auto f32_c) {
           constexpr int P = decltype(p_c)::value;
-          constexpr bool F32 = decltype(f32_c)::value, HALF = decltype(half_c)::value;
-          constexpr int NP = HALF ? 1 : F32 ? 2 * NPASS : NPASS; /* passes */
-          constexpr int PCOLS = (HALF ? TBN / 2 : TBN) / NP, BOXC = F32 ? 32 : 64;
-          constexpr int NBOX = PCOLS / BOXC;
-          static_assert(PCOLS * 64 * (F32 ? 4 : 2) <= c_bytes_of(VARIANT) / 2 || !HALF,
-                        "a half tile's staging fits the warpgroup's half of the buffer");
+          constexpr bool F32 = decltype(f32_c)::value;
+          constexpr int NP = F32 ? 2 * NPASS : NPASS; /* passes */
+          constexpr int PCOLS = TBN / NP, BOXC = F32 ? 32 : 64, NBOX = PCOLS / BOXC;
           constexpr int C0 = P * PCOLS / 8; /* the pass's first 8-column group */
           if (lt == 0) bulk_wait_read0(); /* the previous store has read the staging buffer */
           SL_TR(x0);
@@ -982,32 +923,20 @@ __global__ void __launch_bounds__(THREADS, 1)
         };
         using I0 = std::integral_constant<int, 0>;
         using I1 = std::integral_constant<int, 1>;
-        using Y = std::true_type;
-        using N = std::false_type;
         /* (f32 only where the launcher allows it: tma_c_ok) */
-        if (TAIL && hf) {
-          if constexpr (TAIL) {
-            if (a.out_dtype == SL_DTYPE_F32)
-              pass(I0{}, Y{}, Y{});
-            else
-              pass(I0{}, N{}, Y{});
-          }
-        } else if (AHEAD && a.out_dtype == SL_DTYPE_F32) {
+        if (AHEAD && a.out_dtype == SL_DTYPE_F32) {
           if constexpr (AHEAD) {
-            pass(I0{}, Y{}, N{});
-            pass(I1{}, Y{}, N{});
+            pass(I0{}, std::true_type{});
+            pass(I1{}, std::true_type{});
             if constexpr (NPASS == 2) {
-              pass(std::integral_constant<int, 2>{}, Y{}, N{});
-              pass(std::integral_constant<int, 3>{}, Y{}, N{});
+              pass(std::integral_constant<int, 2>{}, std::true_type{});
+              pass(std::integral_constant<int, 3>{}, std::true_type{});
             }
           }
         } else {
-          pass(I0{}, N{}, N{});
-          if constexpr (NPASS == 2) pass(I1{}, N{}, N{});
+          pass(I0{}, std::false_type{});
+          if constexpr (NPASS == 2) pass(I1{}, std::false_type{});
         }
-      } else if (TAIL && hf) { /* a half tile: its 128 columns only */
-        store_half_regs(*reinterpret_cast<const float(*)[64]>(&acc[0]), out, a.out_dtype, a.n,
-                        m0 + cw * 64, n0, row_limit, warp, lane);
       } else {
         store_half_regs(acc, out, a.out_dtype, a.n, m0 + cw * 64, n0, row_limit, warp, lane);
       }
@@ -1082,7 +1011,7 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   CUtensorMap ma, mb, mc, ma2, mb2;
   memset(&mc, 0, sizeof mc);
   const uint64_t M = a.m, K = a.k, N = a.n, GL = a.num_local_groups;
-  constexpr bool MC = cluster_of(VARIANT) == 2, TAIL = has_tail(VARIANT);
+  constexpr bool MC = cluster_of(VARIANT) == 2;
   const uint32_t box64[3] = {64, 64, 1};
   bool ok;
   constexpr uint32_t BKV = bk_of(VARIANT); /* rows of a k-block */
@@ -1120,12 +1049,12 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
       const uint32_t boxb[3] = {64, (uint32_t)BN, 1};
       const uint32_t boxb2[3] = {64, (uint32_t)BN / 2, 1};
       ok = ok && make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, boxb);
-      if (MC || TAIL) ok = ok && make_map(&mb2, a.rhs, a.in_dtype, 3, db, sb, boxb2);
+      if (MC) ok = ok && make_map(&mb2, a.rhs, a.in_dtype, 3, db, sb, boxb2);
     } else if (has_fused_boxes(VARIANT)) {
       /* rhs [G, K, N] as {64, K, N/64, G} (resolve_variant: N % 64 == 0) */
       const uint64_t db[4] = {64, K, N / 64, GL}, sb[3] = {N * 2, 128, K * N * 2};
       ok = ok && make_map(&mb, a.rhs, a.in_dtype, 4, db, sb, box_fb);
-      if (MC || TAIL) ok = ok && make_map(&mb2, a.rhs, a.in_dtype, 4, db, sb, box_fb2);
+      if (MC) ok = ok && make_map(&mb2, a.rhs, a.in_dtype, 4, db, sb, box_fb2);
     } else {
       const uint64_t db[3] = {N, K, GL}, sb[2] = {N * 2, K * N * 2};
       ok = ok && make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, box64);
@@ -1136,8 +1065,7 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     }
   }
   if (!ok) return SL_STATUS_UNSUPPORTED; /* the caller falls back to the portable kernel */
-  if (!MC) ma2 = ma;
-  if (!MC && !TAIL) mb2 = mb; /* (TAIL: B's half boxes, for the half tiles) */
+  if (!MC) ma2 = ma, mb2 = mb;
 
   if (is_dyn(VARIANT)) { /* the tile counter starts at 0 in every launch */
     const cudaError_t e = cudaMemsetAsync(a.counter, 0, sizeof(int), stream);
@@ -1209,10 +1137,6 @@ static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     if (!tgmm && a.transpose_rhs) return SL_STATUS_UNSUPPORTED;
     if (tgmm) return launch<T, true, false, VARIANT>(a, num_sms, s);
     return launch<T, false, false, VARIANT>(a, num_sms, s);
-  } else if constexpr (has_tail(VARIANT)) { /* gmm only (resolve_variant) */
-    if (tgmm) return SL_STATUS_UNSUPPORTED;
-    return a.transpose_rhs ? launch<T, false, true, VARIANT>(a, num_sms, s)
-                           : launch<T, false, false, VARIANT>(a, num_sms, s);
   } else {
     if (tgmm) return launch<T, true, false, VARIANT>(a, num_sms, s);
     return a.transpose_rhs ? launch<T, false, true, VARIANT>(a, num_sms, s)
@@ -1232,7 +1156,6 @@ static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   }
   if (!is_variant(variant) || (has_tma_c(variant) && !tma_c_ok(a, variant))) return -2;
   if (is_k32(variant) && !tgmm && a.transpose_rhs) variant = V_FB; /* K-major B: 128B rows */
-  if (has_tail(variant) && tgmm) variant = V_K32; /* V_TL is written for gmm */
   if (is_dyn(variant) && a.counter == nullptr) return V_AHS; /* no workspace for the counter */
   if (has_fused_boxes(variant) && (a.n % 64 || (tgmm && a.k % 64))) return V_DYN;
   /* V_MD4 leaves ~1 KB of the 227 KB an sm_90 CTA may have (1 KB of it static) for the group
@@ -1252,7 +1175,6 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     case V_DYN: return launch_v<T, V_DYN>(a, tgmm, num_sms, s);
     case V_FB: return launch_v<T, V_FB>(a, tgmm, num_sms, s);
     case V_K32: return launch_v<T, V_K32>(a, tgmm, num_sms, s);
-    case V_TL: return launch_v<T, V_TL>(a, tgmm, num_sms, s);
     default: {
       /* V_MD, V_MD4; clusters that cannot be placed: V_FB */
       const sl_status st = variant == V_MD4 ? launch_v<T, V_MD4>(a, tgmm, num_sms, s)

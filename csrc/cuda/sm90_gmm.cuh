@@ -1,5 +1,5 @@
 /* Hopper (sm_90a) building blocks for sm90_gmm.cu: mbarriers, TMA tile loads, wgmma descriptors and
- * the m64n256k16 (and m64n128k16) wgmma. Device code here is only compiled for sm_90a. */
+ * the m64n256k16 wgmma itself. Device code here is only compiled for sm_90a. */
 #ifndef SLUICE_CUDA_SM90_GMM_CUH_
 #define SLUICE_CUDA_SM90_GMM_CUH_
 
@@ -244,13 +244,6 @@ __device__ __forceinline__ void fence_operands(float (&d)[128]) {
   }
 SL_WGMMA_FN(wgmma_m64n256k16_bf16, "m64n256k16", "bf16", 128)
 SL_WGMMA_FN(wgmma_m64n256k16_f16, "m64n256k16", "f16", 128)
-/* m64n128k16 on 64 accumulators (sm90 V_TL's half tiles) */
-#define SL_WGMMA_REGS64 "{" SL_WGMMA_REGS_LO "}"
-#define SL_WGMMA_ACC64(d) SL_WGMMA_ACC_LO(d)
-#define SL_WGMMA_PRE64 "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
-#define SL_WGMMA_POST64 ", %64, %65, p, 1, 1, %66, %67;\n}\n"
-SL_WGMMA_FN(wgmma_m64n128k16_bf16, "m64n128k16", "bf16", 64)
-SL_WGMMA_FN(wgmma_m64n128k16_f16, "m64n128k16", "f16", 64)
 
 #endif /* SLUICE_SM90A_DEVICE */
 

@@ -28,12 +28,11 @@
  *  25  as 20 with k-blocks of 32 rows (tgmm: contraction rows; gmm: K columns, A's 64-byte rows
  *      64B-swizzled) in 6 stages of 24 KB (V_K32, the tgmm default since session 10; gmm since
  *      session 13, not its default: a little faster in turn, slower alone; transpose_rhs runs 20)
- *  34  gmm: as 20, the last wave of tiles (the last min(tiles, grid) claimed) split into 128x128
- *      halves, so the CTAs finish within half a tile of each other (V_TL); tgmm: runs 25
  * (7, the ping-pong V_PP (session 2; 3-11% slower, removed in session 12, in the history at
  *  f265b23), 17-19, session 6's V_NS, V_HA, V_EW, 23-24, session 8's V_RS, V_RS4, and again 23-24,
  *  session 9's V_3W (commit 43419fc) and V_FC (6add3a9), and 26-29, session 10's V_LG2,
- *  V_LG3 (1874ec4), V_K16 and V_KS (0943536), were measured and removed: dev/NOTES.md.)
+ *  V_LG3 (1874ec4), V_K16 and V_KS (0943536), and 34, session 13's V_TL, were measured and
+ *  removed: dev/NOTES.md.)
  * (tgmm, all sm90 versions: rows past a group's end are zeroed by the producer warpgroup's spare
  *  warps, off the consumers' path.)
  *
@@ -78,7 +77,7 @@ static const bool kTgmm = HARNESS_TGMM;
 /* HARNESS_OUT=f32: time (and check) f32 outputs instead of bf16 ones */
 static const bool kOutF32 = getenv("HARNESS_OUT") && !strcmp(getenv("HARNESS_OUT"), "f32");
 static const size_t kOutBytes = kOutF32 ? 4 : 2;
-static const int kVersions = 34;
+static const int kVersions = 25;
 /* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
  * removed ones are not reused) */
 static bool version_exists(int v) { return v == 1 || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2)); }

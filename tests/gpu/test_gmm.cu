@@ -402,7 +402,8 @@ int main(int argc, char **argv) {
     }
     if (!quick) {
       cases.push_back(make(nm("larger skew"), tg, 4096, 512, 768, {3000, 0, 10, 1, 1085}));
-      /* more tiles than SMs: whole tiles, then (sm90 V_TL) the last wave in 128-column halves */
+      /* more tiles than SMs: every CTA claims several (written for session 13's V_TL, since
+       * removed, whose last wave came in 128-column halves) */
       cases.push_back(make(nm("more tiles than SMs"), tg, 8192, 128, 1024, random_sizes(8, 8100)));
       std::vector<int> sz(16);
       for (int g = 0; g < 16; ++g) sz[g] = (g % 3 == 0) ? 0 : 97 * g;
