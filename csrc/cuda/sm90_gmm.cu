@@ -278,7 +278,7 @@ __device__ __forceinline__ void stage_f32(const float (&acc)[128], uint32_t cbas
     for (int h = 0; h < 2; ++h) {
       const int r = warp * 16 + (lane >> 2) + h * 8;
       const int c = 8 * (i - C0) + 2 * (lane & 3); /* column from the pass's first */
-      const uint32_t addr = cbase + (c >> 5) * (64 * 128) + r * 128 +
+      const uint32_t addr = cbase + (c >> 5) * BOX_BYTES + r * 128 +
                             ((((c & 31) >> 2) ^ (r & 7)) << 4) + (c & 3) * 4;
       asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(acc[4 * i + 2 * h]),
                    "f"(acc[4 * i + 2 * h + 1])
@@ -391,8 +391,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr int BKV = bk_of(VARIANT), IBOX = in_box_bytes(VARIANT), A_B = 2 * IBOX;
   constexpr int PAIR = cluster_of(VARIANT); /* CTAs per cluster, tiles per scheduled unit */
   constexpr bool MC = PAIR == 2;
-  static_assert(!is_k32(VARIANT) || (!MC && !(TGMM && TRANS_B)), "V_K32 runs on single CTAs");
-  static_assert(!is_k32(VARIANT) || TGMM || !TRANS_B, "gmm V_K32: N-major B only");
+  static_assert(!is_k32(VARIANT) || (!MC && !TRANS_B), "V_K32: single CTAs, an N-major B");
   const uint32_t rank = MC ? cluster_ctarank() : 0, peer = rank ^ 1;
   const int cid = blockIdx.x / PAIR, ncl = gridDim.x / PAIR; /* cluster id and count */
   extern __shared__ __align__(1024) unsigned char smem_sm90[];
@@ -923,15 +922,13 @@ __global__ void __launch_bounds__(THREADS, 1)
         };
         using I0 = std::integral_constant<int, 0>;
         using I1 = std::integral_constant<int, 1>;
-        /* (f32 only where the launcher allows it: tma_c_ok) */
+        /* (f32 only where the launcher allows it: tma_c_ok, the AHEAD variants) */
         if (AHEAD && a.out_dtype == SL_DTYPE_F32) {
-          if constexpr (AHEAD) {
-            pass(I0{}, std::true_type{});
-            pass(I1{}, std::true_type{});
-            if constexpr (NPASS == 2) {
-              pass(std::integral_constant<int, 2>{}, std::true_type{});
-              pass(std::integral_constant<int, 3>{}, std::true_type{});
-            }
+          pass(I0{}, std::true_type{});
+          pass(I1{}, std::true_type{});
+          if constexpr (NPASS == 2) {
+            pass(std::integral_constant<int, 2>{}, std::true_type{});
+            pass(std::integral_constant<int, 3>{}, std::true_type{});
           }
         } else {
           pass(I0{}, std::false_type{});
