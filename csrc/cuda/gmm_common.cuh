@@ -42,6 +42,26 @@ __host__ __device__ inline int table_ints(int num_local_groups) {
 /* Groups whose table fits in shared memory next to the pipeline; more need the workspace. */
 constexpr int kSmemTableMaxGroups = 256;
 
+/* sm90 V_TM: a gmm group of s rows whose last row tile is partial with at most MERGE_MAX rows,
+ * and that has a full tile before it, takes its last 128 + s % 128 rows as merged tiles, two per
+ * 256-column block (128 output columns each, the rows as the wgmma's N); 0 if it does not. */
+#ifndef SLUICE_MERGE_MAX
+#define SLUICE_MERGE_MAX 64
+#endif
+__host__ __device__ inline int merged_rows(long long s) {
+  const int r = (int)(s % 128);
+  return s > 128 && r > 0 && r <= SLUICE_MERGE_MAX ? 128 + r : 0;
+}
+/* Units of work of a gmm group of s rows in V_TM: its full row tiles but the last one, then the
+ * two merged tiles of each column block; other groups as ever. */
+__host__ __device__ inline long long merged_units(long long s, long long tiles_n) {
+  return merged_rows(s) ? (s / 128 + 1) * tiles_n : (s + 127) / 128 * tiles_n;
+}
+
+/* How build_group_table counts a gmm group's units: tiles, pairs of tiles (sm90 V_MD), or tiles
+ * with V_TM's merged edge (bm 128). */
+enum TableLayout { kTilesPlain = 0, kTilesPairs = 1, kTilesMerged = 2 };
+
 #ifdef __CUDACC__
 /* Block-wide inclusive scan of one int64 per thread (blockDim.x a multiple of 32, <= 1024). */
 __device__ inline long long block_inclusive_scan(long long v, long long *warp_sums) {
@@ -76,11 +96,11 @@ __host__ __device__ inline long long pair_units(long long tiles_m, long long til
 }
 
 /* Builds the group table in `tab` (smem or global), called by every thread of a block.
- * gmm: a local group of s rows has ceil(s / bm) * tiles_n tiles (pairs: pair_units of them);
- * tgmm (bm == 0): every local group has tiles_per_group tiles (an empty group still writes its
- * zero tile). */
+ * gmm: a local group of s rows has ceil(s / bm) * tiles_n tiles (pairs: pair_units of them;
+ * merged: merged_units); tgmm (bm == 0): every local group has tiles_per_group tiles (an empty
+ * group still writes its zero tile). */
 __device__ inline void build_group_table(const GmmArgs &a, int *tab, int bm, int tiles_n,
-                                         int tiles_per_group, bool pairs = false) {
+                                         int tiles_per_group, int layout = kTilesPlain) {
   __shared__ long long warp_sums[32];
   const int G = a.num_groups, GL = a.num_local_groups;
   const long long M = a.m;
@@ -120,9 +140,10 @@ __device__ inline void build_group_table(const GmmArgs &a, int *tab, int bm, int
     const int j = base + threadIdx.x;
     long long t = 0;
     if (j < GL)
-      t = bm <= 0 ? (long long)tiles_per_group
-          : pairs ? pair_units((end[j] - start[j] + bm - 1) / bm, tiles_n)
-                  : (long long)((end[j] - start[j] + bm - 1) / bm) * tiles_n;
+      t = bm <= 0                   ? (long long)tiles_per_group
+          : layout == kTilesPairs  ? pair_units((end[j] - start[j] + bm - 1) / bm, tiles_n)
+          : layout == kTilesMerged ? merged_units(end[j] - start[j], tiles_n)
+                                   : (long long)((end[j] - start[j] + bm - 1) / bm) * tiles_n;
     long long incl = block_inclusive_scan(t, warp_sums) + carry;
     if (j < GL) tile_prefix[j + 1] = (int)min(incl, (long long)INT32_MAX);
     if ((threadIdx.x & 31) == 31) warp_sums[threadIdx.x >> 5] = incl;
@@ -205,7 +226,7 @@ __device__ inline void zero_outside_rows(const GmmArgs &a, int lo, int hi) {
 sl_status sm80_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t stream);
 sl_status naive_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t stream);
 sl_status table_build_launch(const GmmArgs &a, bool tgmm, int bm, int tiles_n, int tiles_per_group,
-                             cudaStream_t stream, bool pairs = false);
+                             cudaStream_t stream, int layout = kTilesPlain);
 /* Returns SL_STATUS_UNSUPPORTED (without setting an error) when the case is not covered.
  * variant: -1 picks the fastest that applies; a sm90_gmm.cu Variant number forces one (tests,
  * dev harness). */

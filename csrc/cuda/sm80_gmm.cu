@@ -294,8 +294,8 @@ __global__ void __launch_bounds__(256) naive_kernel(GmmArgs a) {
 }
 
 __global__ void __launch_bounds__(1024)
-    table_kernel(GmmArgs a, int bm, int tiles_n, int tiles_per_group, bool pairs) {
-  build_group_table(a, a.table, bm, tiles_n, tiles_per_group, pairs);
+    table_kernel(GmmArgs a, int bm, int tiles_n, int tiles_per_group, int layout) {
+  build_group_table(a, a.table, bm, tiles_n, tiles_per_group, layout);
 }
 
 template <typename T, bool TGMM, bool TRANS_B, bool VEC>
@@ -340,9 +340,9 @@ sl_status launch_t(const GmmArgs &a, bool tgmm, bool vec, int num_sms, cudaStrea
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 sl_status table_build_launch(const GmmArgs &a, bool tgmm, int bm, int tiles_n, int tiles_per_group,
-                             cudaStream_t stream, bool pairs) {
+                             cudaStream_t stream, int layout) {
   (void)tgmm;
-  sm80::table_kernel<<<1, 1024, 0, stream>>>(a, bm, tiles_n, tiles_per_group, pairs);
+  sm80::table_kernel<<<1, 1024, 0, stream>>>(a, bm, tiles_n, tiles_per_group, layout);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm: group table launch failed: %s",

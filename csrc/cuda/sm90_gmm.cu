@@ -54,7 +54,7 @@ static_assert(
  * history at 43419fc and 6add3a9), and 24-27: V_LG2, V_LG3, V_K16, V_KS (session 10, at 1874ec4
  * and 0943536), 28-31 (session 12's diagnostics) and 32, V_TL (session 13: the last wave of
  * tiles in 128x128 halves, 0.99x; in the history at 9ad54f8) - whose numbers are not to be
- * reused again; the next new variant is 33, harness version 35):
+ * reused again; 33 is V_TM; the next new variant is 34, harness version 36):
  *   V_BASE   4 stages, each k-block's wgmmas waited before the next (wait_group 0), epilogue
  *            stores straight from registers. Any output dtype: the f32-output path until
  *            session 13, now only where the staged epilogue cannot run (an f32 row not a
@@ -83,11 +83,12 @@ enum Variant {
   V_FB = 18,
   V_MD = 19,
   V_MD4 = 20,
-  V_K32 = 23
+  V_K32 = 23,
+  V_TM = 33
 };
 __host__ __device__ constexpr bool is_variant(int v) {
   return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_AHS || v == V_DYN || v == V_FB ||
-         v == V_MD || v == V_MD4 || v == V_K32;
+         v == V_MD || v == V_MD4 || v == V_K32 || v == V_TM;
 }
 /* V_AHS: V_TMA_CS with less work at tile boundaries, where both consumer warpgroups leave the
  * tensor pipe idle together (dev/cuda/trace.sh measured ~1000-1600 cycles of head - decoding the
@@ -118,7 +119,8 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * same four 128B-swizzled 8 KB boxes. 2 TMA instructions per k-block instead of 5 (gmm) or 6
  * (tgmm). Needs the split dimension to be a multiple of 64 (else the view would alias the next
  * row instead of zero-filling): otherwise V_DYN runs. The default of both ops since session 6 (of
- * gmm only since session 10, where V_K32 took tgmm):
+ * gmm only since session 10, where V_K32 took tgmm; since session 14 the gmm default where V_TM
+ * does not apply: transpose_rhs, f32 outputs):
  * gmm level with V_DYN (0.99-1.01x), tgmm +0.2-1.8% in all 16 harness cases (2026-11-24). */
 /* V_MD: V_FB on clusters of 2 CTAs with TMA multicast, so each operand byte a pair shares crosses
  * from L2 once. A unit of work is a pair of tiles: two row tiles of one column block (they share
@@ -151,13 +153,35 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * against 1.12x in one call), alone under sustained load a little slower (-0.2..-4.2%, gateup
  * most: its clock settles 45-60 MHz lower - twice the TMA requests and barrier traffic per flop),
  * so it is not the gmm default: SLUICE_GMM_VARIANT=23 selects it. The tgmm default. */
+/* V_TM (gmm, N-major B, 16-bit outputs): V_FB whose groups with a partial last row tile of <= 96
+ * rows take their last 128 + r rows (129..224) as "merged" tiles instead of a full tile and an
+ * edge tile. The edge tile of V_FB computes its few rows against a whole 256-column strip of the
+ * weights (a lone warpgroup when r <= 64, the stages needed twice as fast per flop as a full
+ * tile's): measured at ~0.9 of a full tile on dsv3-gateup for 64 rows (session 6). A merged tile
+ * is transposed: 128 output columns (two m64 halves, one per warpgroup) by the 129..224 rows as
+ * the wgmma's N (m64nNk16, N = 160, 192 or 224: the rows rounded up to 32), A = the weights'
+ * 64x64 boxes read MN-major, B = the rows of lhs K-major, both straight from the stage as the
+ * producer lands them (x: one 128-row box and 1-3 boxes of 32 rows; w: two 64x64 boxes). Two
+ * merged tiles per 256 columns do the work of 1.5..1.75 full tiles where V_FB spends 1.9-2.0.
+ * Its epilogue stages the transposed accumulators with stmatrix.trans, stores the whole 64-row
+ * boxes by TMA and the last rows (which a TMA box would write past the group's end) from shared
+ * memory with 16-byte stores. The merged tiles of a group come in its last panel, two after each
+ * column block's row tiles, so they share the weights' strip with them. Measured (one H200,
+ * 2026-11-24, dev/NOTES.md session 14): a merged tile of 192 rows costs ~0.91 of a full tile
+ * (82% of the pipe's rate per flop), not the ~0.77 modelled, so merging pays only where the edge
+ * tile has <= 64 rows (SLUICE_MERGE_MAX; with 96, tiles of 224 rows, no better): in turn 0.97-1.04x
+ * of V_FB by case (geomean 1.002-1.004x in two harness calls; ragged sizes +0.5..+1.9%, tile
+ * multiples level, qwen3 "halves" -2..-3%), alone under sustained load +0.3..+1.9% on 7 of the 8
+ * bench cases; bench gmm/torch 1.12-1.13x against 1.12x. The gmm default since session 14
+ * (transpose_rhs and f32 outputs run V_FB). */
+__host__ __device__ constexpr bool has_merge(int v) { return v == V_TM; }
 __host__ __device__ constexpr bool is_k32(int v) { return v == V_K32; }
 __host__ __device__ constexpr bool is_mc(int v) { return v == V_MD || v == V_MD4; }
 __host__ __device__ constexpr bool has_fused_boxes(int v) {
-  return v == V_FB || is_mc(v) || is_k32(v);
+  return v == V_FB || is_mc(v) || is_k32(v) || has_merge(v);
 }
 __host__ __device__ constexpr bool is_dyn(int v) {
-  return v == V_DYN || v == V_FB || is_mc(v) || is_k32(v);
+  return v == V_DYN || v == V_FB || is_mc(v) || is_k32(v) || has_merge(v);
 }
 __host__ __device__ constexpr bool has_ahead(int v) { return v == V_AHS || is_dyn(v); }
 __host__ __device__ constexpr bool has_tma_c(int v) { return v != V_BASE; }
@@ -204,6 +228,60 @@ __device__ __forceinline__ void wgmma_tile(float (&acc)[128], uint64_t da, uint6
     wgmma_m64n256k16_bf16<TA, TB>(acc, da, db, scale_d);
   else
     wgmma_m64n256k16_f16<TA, TB>(acc, da, db, scale_d);
+}
+
+/* V_TM's merged tiles: D[64 columns of the output, NT rows] += W^T (MN-major) * x^T (K-major), on
+ * the first NT / 2 accumulators. */
+template <typename T, int NT>
+__device__ __forceinline__ void wgmma_tok(float (&acc)[128], uint64_t da, uint64_t db,
+                                          int scale_d) {
+  constexpr bool BF = std::is_same<T, __nv_bfloat16>::value;
+  float(&d)[NT / 2] = *reinterpret_cast<float(*)[NT / 2]>(&acc[0]);
+  if constexpr (NT == 160) {
+    if constexpr (BF) wgmma_m64n160k16_bf16<1, 0>(d, da, db, scale_d);
+    else wgmma_m64n160k16_f16<1, 0>(d, da, db, scale_d);
+  } else if constexpr (NT == 192) {
+    if constexpr (BF) wgmma_m64n192k16_bf16<1, 0>(d, da, db, scale_d);
+    else wgmma_m64n192k16_f16<1, 0>(d, da, db, scale_d);
+  } else {
+    static_assert(NT == 224, "merged tiles are 160, 192 or 224 rows");
+    if constexpr (BF) wgmma_m64n224k16_bf16<1, 0>(d, da, db, scale_d);
+    else wgmma_m64n224k16_f16<1, 0>(d, da, db, scale_d);
+  }
+}
+
+/* V_TM: a merged tile's accumulators (this warpgroup's 64 output columns x NT rows; thread holds
+ * columns warp*16 + lane/4 (+8), rows 8i + 2*(lane%4) (+1)) staged as output rows: NT rows of
+ * 128 bytes from cbase, 128B-swizzled, so every 64 rows are one TMA box. stmatrix.trans stores
+ * each 8x8 fragment transposed: lane l addresses output row 8i' + l%8 (i' = i + l/16) at the
+ * 16-byte chunk of its columns (2*warp + (l/8)%2). */
+template <typename OT, int NT>
+__device__ __forceinline__ void stage_tok_stsm(const float (&acc)[128], uint32_t cbase, int warp,
+                                               int lane) {
+  const int q = lane >> 3;
+  const int c = 2 * warp + (q & 1);
+#pragma unroll
+  for (int i = 0; i < NT / 8; i += 2) {
+    const int r = 8 * (i + (q >> 1)) + (lane & 7);
+    const uint32_t addr = cbase + r * 128 + ((c ^ (r & 7)) << 4);
+    uint32_t p[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const float lo = acc[4 * (i + (m >> 1)) + 2 * (m & 1)],
+                  hi = acc[4 * (i + (m >> 1)) + 2 * (m & 1) + 1];
+      if constexpr (std::is_same<OT, __nv_bfloat16>::value) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        p[m] = *reinterpret_cast<uint32_t *>(&v);
+      } else {
+        __half2 v = __floats2half2_rn(lo, hi);
+        p[m] = *reinterpret_cast<uint32_t *>(&v);
+      }
+    }
+    asm volatile(
+        "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+        "r"(p[0]), "r"(p[1]), "r"(p[2]), "r"(p[3])
+        : "memory");
+  }
 }
 
 /* One 64-row accumulator half (NREG/4 column groups of 8) into 128B-swizzled 64x64 boxes at
@@ -392,6 +470,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr int PAIR = cluster_of(VARIANT); /* CTAs per cluster, tiles per scheduled unit */
   constexpr bool MC = PAIR == 2;
   static_assert(!is_k32(VARIANT) || (!MC && !TRANS_B), "V_K32: single CTAs, an N-major B");
+  constexpr bool MERGE = has_merge(VARIANT);
+  static_assert(!MERGE || (!MC && !TRANS_B && !TGMM && BKV == 64), "V_TM: gmm, an N-major B");
   const uint32_t rank = MC ? cluster_ctarank() : 0, peer = rank ^ 1;
   const int cid = blockIdx.x / PAIR, ncl = gridDim.x / PAIR; /* cluster id and count */
   extern __shared__ __align__(1024) unsigned char smem_sm90[];
@@ -417,7 +497,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (tab == nullptr) {
     tab = reinterpret_cast<int *>(smem_raw + PIPE_BYTES);
     build_group_table(a, tab, TGMM ? 0 : BM, tiles_n,
-                      tgmm_units_per_group(VARIANT, tiles_k, tiles_n), MC);
+                      tgmm_units_per_group(VARIANT, tiles_k, tiles_n),
+                      MC ? kTilesPairs : MERGE ? kTilesMerged : kTilesPlain);
   }
   const int GL = a.num_local_groups;
   const int *start = tab + kTableHeader, *end = start + GL, *tile_prefix = end + GL;
@@ -450,9 +531,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     __syncthreads();
 
   /* Decodes tile (MC: unit) t into (group j, first row m0, first column n0, k-blocks nk, group
-   * rows). MC: this CTA's tile of the unit; returns whether the pair lies along the columns (the
-   * CTAs share A) rather than along the rows (they share B). */
-  auto decode = [&](int t, int &j, int &m0, int &n0, int &nk, int &gs, int &ge) {
+   * rows; tok: MERGE, the rows of a merged tile, else 0). MC: this CTA's tile of the unit;
+   * returns whether the pair lies along the columns (the CTAs share A) rather than along the rows
+   * (they share B). */
+  auto decode = [&](int t, int &j, int &m0, int &n0, int &nk, int &gs, int &ge, int &tok) {
     j = find_group(tile_prefix, GL, t);
     const int u = t - tile_prefix[j];
     gs = start[j];
@@ -460,7 +542,28 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int tm = TGMM ? tiles_k : (ge - gs + BM - 1) / BM; /* row tiles of the group */
     int mt, nt;
     bool across = false;
-    if constexpr (MC) {
+    tok = 0;
+    if (MERGE && merged_rows(ge - gs)) {
+      /* full row tiles tmn, in panels of 16; the last panel (height hl, 0..16) also holds the
+       * two merged tiles of each column block, after its row tiles */
+      const int tmn = (ge - gs) / BM - 1;
+      const int np = tmn > 0 ? (tmn + 15) / 16 : 1, before = (np - 1) * 16 * tiles_n;
+      if (u < before) {
+        panel_raster(u, tmn, tiles_n, mt, nt);
+      } else {
+        const int hl = tmn - (np - 1) * 16, rem = u - before;
+        nt = rem / (hl + 2);
+        const int q = rem - nt * (hl + 2);
+        mt = (np - 1) * 16 + q;
+        if (q >= hl) {
+          m0 = gs + tmn * BM;
+          n0 = nt * TBN + (q - hl) * (TBN / 2);
+          nk = (a.k + BKV - 1) / BKV;
+          tok = ge - m0;
+          return false;
+        }
+      }
+    } else if constexpr (MC) {
       const int paired = tm / 2 * tiles_n;
       if (u < paired) {
         panel_raster(u, tm / 2, tiles_n, mt, nt);
@@ -545,9 +648,30 @@ __global__ void __launch_bounds__(THREADS, 1)
         ring_put(cid);
       }
       for (int t = cid; t < total_tiles; t = next_tile(t)) {
-        int j, m0, n0, nk, gs, ge;
-        const bool across = decode(t, j, m0, n0, nk, gs, ge);
+        int j, m0, n0, nk, gs, ge, tok;
+        const bool across = decode(t, j, m0, n0, nk, gs, ge, tok);
         const bool fix = needs_fix(nk, ge - gs);
+        if (MERGE && tok) {
+          /* a merged tile: x rows [m0, m0 + 128) in one box, then 32-row boxes up to the rows
+           * rounded to 32 (rows past the group are loaded, and their columns of the accumulator
+           * never stored); the weights' 128 columns [n0, n0 + 128) as two 64x64 boxes, after
+           * the 32 KB that x may take */
+          const int extra = ((tok + 31) / 32) - 4; /* 32-row boxes past the first 128 rows */
+          const uint32_t bytes = 2 * A_BYTES + extra * 32 * BKV * 2;
+          for (int kb = 0; kb < nk; ++kb) {
+            const uint32_t full = full0 + 8 * s;
+            mbar_wait(empty0 + 8 * s, phase ^ 1);
+            mbar_expect_tx(full, bytes);
+            const uint32_t sa = stage0 + s * SBYTES;
+            const int k0 = kb * BKV;
+            tma_load_2d(sa, &map_a, k0, m0, full);
+            for (int e = 0; e < extra; ++e)
+              tma_load_2d(sa + A_BYTES + e * 32 * BKV * 2, &map_a2, k0, m0 + BM + 32 * e, full);
+            tma_load_4d(sa + 2 * A_BYTES, &map_b2, 0, k0, n0 / 64, j, full);
+            if (++s == STAGES) s = 0, phase ^= 1;
+          }
+          continue;
+        }
         for (int kb = 0; kb < nk; ++kb) {
           const uint32_t full = full0 + 8 * s;
           SL_TR(w0);
@@ -632,8 +756,8 @@ __global__ void __launch_bounds__(THREADS, 1)
       uint32_t issued_phase = 0; /* bit s: parity of stage s's next "issued" phase */
       SL_TR_DECL;
       for (int t = DYN ? ring_get() : cid; t < total_tiles; t = DYN ? ring_get() : t + ncl) {
-        int j, m0, n0, nk, gs, ge;
-        decode(t, j, m0, n0, nk, gs, ge);
+        int j, m0, n0, nk, gs, ge, tok;
+        decode(t, j, m0, n0, nk, gs, ge, tok);
         if (needs_fix(nk, ge - gs)) {
           const int rv = ge - gs - (nk - 1) * BKV; /* valid rows of the last block */
           const int fe = fix_end(VARIANT, rv);
@@ -691,23 +815,23 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
     /* AHEAD: the next tile, decoded while the current one's last k-block drains; the
      * accumulators are defined once here and then left to scale_d = 0 on a tile's first wgmma */
-    int nj = 0, nm0 = 0, nn0 = 0, nnk = 0, ngs = 0, nge = 0;
+    int nj = 0, nm0 = 0, nn0 = 0, nnk = 0, ngs = 0, nge = 0, ntok = 0;
     int tn = DYN ? ring_get() : cid; /* the next tile */
     if constexpr (AHEAD) {
-      if (tn < total_tiles) decode(tn, nj, nm0, nn0, nnk, ngs, nge);
+      if (tn < total_tiles) decode(tn, nj, nm0, nn0, nnk, ngs, nge, ntok);
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     }
     for (int t = tn; t < total_tiles; t = tn) {
-      int j, m0, n0, nk, gs, ge;
+      int j, m0, n0, nk, gs, ge, tok;
       if constexpr (AHEAD)
-        j = nj, m0 = nm0, n0 = nn0, nk = nnk, gs = ngs, ge = nge;
+        j = nj, m0 = nm0, n0 = nn0, nk = nnk, gs = ngs, ge = nge, tok = ntok;
       else
-        decode(t, j, m0, n0, nk, gs, ge);
+        decode(t, j, m0, n0, nk, gs, ge, tok);
       /* every path through a tile calls this once */
       auto decode_next = [&]() {
         tn = DYN ? ring_get() : t + ncl;
-        if (AHEAD && tn < total_tiles) decode(tn, nj, nm0, nn0, nnk, ngs, nge);
+        if (AHEAD && tn < total_tiles) decode(tn, nj, nm0, nn0, nnk, ngs, nge, ntok);
       };
       const bool fix = needs_fix(nk, ge - gs);
 #ifdef SLUICE_SM90_TRACE
@@ -729,6 +853,78 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         decode_next();
         continue;
+      }
+      if constexpr (MERGE) {
+        if (tok) {
+          /* A merged tile (V_TM): this warpgroup's 64 output columns [n0 + 64 cw, +64) of the
+           * rows [m0, m0 + tok), tok rounded up to NT; one m64nNTk16 per k16 step, the choice
+           * made once per tile (a wgmma on a conditional path inside the loop: C7515). */
+          auto merged = [&](auto nt_c) {
+            constexpr int NT = decltype(nt_c)::value;
+            int sd = 0;
+            for (int kb = 0; kb < nk; ++kb) {
+              mbar_wait(full0 + 8 * s, phase);
+              const uint32_t sx = stage0 + s * SBYTES, sw = sx + 2 * A_BYTES;
+              wgmma_fence();
+#pragma unroll
+              for (int kk = 0; kk < BKV / 16; ++kk) {
+                const uint64_t da = make_desc(sw + cw * BOX_BYTES + kk * 2048, BOX_BYTES, 1024);
+                const uint64_t db = make_desc(sx + kk * 32, 16, 1024);
+                wgmma_tok<T, NT>(acc, da, db, kk == 0 ? sd : 1);
+              }
+              sd = 1;
+              wgmma_commit();
+              wgmma_wait1();
+              fence_operands(acc);
+              if (kb > 0) release(s == 0 ? STAGES - 1 : s - 1);
+              if (++s == STAGES) s = 0, phase ^= 1;
+            }
+            decode_next();
+            wgmma_wait0();
+            fence_operands(acc);
+            release(s == 0 ? STAGES - 1 : s - 1);
+            /* Epilogue: stage the rows, TMA-store the whole 64-row boxes, copy the rest. */
+            const uint32_t cbase = c_smem + cw * (C_BYTES / 2);
+            if (lt == 0) bulk_wait_read0();
+            named_bar(2 + cw, 128);
+            if (a.out_dtype == SL_DTYPE_BF16)
+              stage_tok_stsm<__nv_bfloat16, NT>(acc, cbase, warp, lane);
+            else
+              stage_tok_stsm<__half, NT>(acc, cbase, warp, lane);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            named_bar(2 + cw, 128);
+            const int boxes = tok / 64, col = n0 + cw * 64;
+            if (lt == 0) {
+              for (int b = 0; b < boxes; ++b)
+                tma_store_2d(&map_c, cbase + b * BOX_BYTES, col, m0 + 64 * b);
+              bulk_commit();
+            }
+            if (col < a.n) {
+              /* rows [64 boxes, tok): a TMA box would write past the group's end */
+              for (int i = lt; i < (tok - 64 * boxes) * 8; i += 128) {
+                const int r = 64 * boxes + (i >> 3), c = i & 7;
+                uint32_t v0, v1, v2, v3;
+                asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+                             : "r"(cbase + r * 128 + ((c ^ (r & 7)) << 4))
+                             : "memory");
+                uint4 *dst = reinterpret_cast<uint4 *>(
+                    (char *)a.out + ((size_t)(m0 + r) * a.n + col + 8 * c) * 2);
+                *dst = make_uint4(v0, v1, v2, v3);
+              }
+            }
+          };
+          const int nt = (tok + 31) & ~31;
+          if (nt == 160)
+            merged(std::integral_constant<int, 160>{});
+          else if constexpr (SLUICE_MERGE_MAX <= 64)
+            merged(std::integral_constant<int, 192>{});
+          else if (nt == 192)
+            merged(std::integral_constant<int, 192>{});
+          else
+            merged(std::integral_constant<int, 224>{});
+          continue;
+        }
       }
       if constexpr (!AHEAD) {
 #pragma unroll
@@ -1008,7 +1204,7 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   CUtensorMap ma, mb, mc, ma2, mb2;
   memset(&mc, 0, sizeof mc);
   const uint64_t M = a.m, K = a.k, N = a.n, GL = a.num_local_groups;
-  constexpr bool MC = cluster_of(VARIANT) == 2;
+  constexpr bool MC = cluster_of(VARIANT) == 2, MERGE = has_merge(VARIANT);
   const uint32_t box64[3] = {64, 64, 1};
   bool ok;
   constexpr uint32_t BKV = bk_of(VARIANT); /* rows of a k-block */
@@ -1039,8 +1235,10 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   } else {
     const uint64_t da[2] = {K, M}, sa[1] = {K * 2};
     const uint32_t boxa[2] = {BKV, 128}; /* (V_K32: 64-byte rows, 64B swizzle) */
+    const uint32_t boxa32[2] = {BKV, 32}; /* V_TM: a merged tile's rows past the first 128 */
     ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, boxa, BKV == 32);
     if (MC) ok = ok && make_map(&ma2, a.lhs, a.in_dtype, 2, da, sa, box64);
+    if (MERGE) ok = ok && make_map(&ma2, a.lhs, a.in_dtype, 2, da, sa, boxa32);
     if (TRANS_B) {
       const uint64_t db[3] = {K, N, GL}, sb[2] = {K * 2, N * K * 2};
       const uint32_t boxb[3] = {64, (uint32_t)BN, 1};
@@ -1051,7 +1249,8 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
       /* rhs [G, K, N] as {64, K, N/64, G} (resolve_variant: N % 64 == 0) */
       const uint64_t db[4] = {64, K, N / 64, GL}, sb[3] = {N * 2, 128, K * N * 2};
       ok = ok && make_map(&mb, a.rhs, a.in_dtype, 4, db, sb, box_fb);
-      if (MC) ok = ok && make_map(&mb2, a.rhs, a.in_dtype, 4, db, sb, box_fb2);
+      /* (V_TM: a merged tile's 128 columns) */
+      if (MC || MERGE) ok = ok && make_map(&mb2, a.rhs, a.in_dtype, 4, db, sb, box_fb2);
     } else {
       const uint64_t db[3] = {N, K, GL}, sb[2] = {N * 2, K * N * 2};
       ok = ok && make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, box64);
@@ -1062,7 +1261,7 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     }
   }
   if (!ok) return SL_STATUS_UNSUPPORTED; /* the caller falls back to the portable kernel */
-  if (!MC) ma2 = ma, mb2 = mb;
+  if (!MC && !MERGE) ma2 = ma, mb2 = mb;
 
   if (is_dyn(VARIANT)) { /* the tile counter starts at 0 in every launch */
     const cudaError_t e = cudaMemsetAsync(a.counter, 0, sizeof(int), stream);
@@ -1130,7 +1329,10 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
 
 template <typename T, int VARIANT>
 static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t s) {
-  if constexpr (is_k32(VARIANT)) { /* N-major B only (resolve_variant) */
+  if constexpr (has_merge(VARIANT)) { /* gmm with an N-major B only (resolve_variant) */
+    if (tgmm || a.transpose_rhs) return SL_STATUS_UNSUPPORTED;
+    return launch<T, false, false, VARIANT>(a, num_sms, s);
+  } else if constexpr (is_k32(VARIANT)) { /* N-major B only (resolve_variant) */
     if (!tgmm && a.transpose_rhs) return SL_STATUS_UNSUPPORTED;
     if (tgmm) return launch<T, true, false, VARIANT>(a, num_sms, s);
     return launch<T, false, false, VARIANT>(a, num_sms, s);
@@ -1144,7 +1346,7 @@ static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
 /* The variant that runs: `variant` if given (-1: the default for these arguments), or
  * SL_STATUS_UNSUPPORTED's -2 when the given one cannot run them. */
 /* The defaults for 16-bit outputs (dev/NOTES.md has the measurements behind them). */
-constexpr int kDefaultGmm = V_FB, kDefaultTgmm = V_K32;
+constexpr int kDefaultGmm = V_TM, kDefaultTgmm = V_K32;
 
 static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   if (variant < 0) {
@@ -1153,6 +1355,9 @@ static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   }
   if (!is_variant(variant) || (has_tma_c(variant) && !tma_c_ok(a, variant))) return -2;
   if (is_k32(variant) && !tgmm && a.transpose_rhs) variant = V_FB; /* K-major B: 128B rows */
+  /* V_TM: gmm with an N-major B and a 16-bit output (its merged epilogue) */
+  if (has_merge(variant) && tgmm) variant = kDefaultTgmm;
+  if (has_merge(variant) && (a.transpose_rhs || a.out_dtype == SL_DTYPE_F32)) variant = V_FB;
   if (is_dyn(variant) && a.counter == nullptr) return V_AHS; /* no workspace for the counter */
   if (has_fused_boxes(variant) && (a.n % 64 || (tgmm && a.k % 64))) return V_DYN;
   /* V_MD4 leaves ~1 KB of the 227 KB an sm_90 CTA may have (1 KB of it static) for the group
@@ -1172,6 +1377,7 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     case V_DYN: return launch_v<T, V_DYN>(a, tgmm, num_sms, s);
     case V_FB: return launch_v<T, V_FB>(a, tgmm, num_sms, s);
     case V_K32: return launch_v<T, V_K32>(a, tgmm, num_sms, s);
+    case V_TM: return launch_v<T, V_TM>(a, tgmm, num_sms, s);
     default: {
       /* V_MD, V_MD4; clusters that cannot be placed: V_FB */
       const sl_status st = variant == V_MD4 ? launch_v<T, V_MD4>(a, tgmm, num_sms, s)
@@ -1207,12 +1413,14 @@ sl_status sm90_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
   if (variant < 0) return SL_STATUS_UNSUPPORTED;
   if (a.table) {
     /* the kernel's own table (gmm_kernel): tiles, or (V_MD) pairs of tiles */
-    const bool pairs = sm90::cluster_of(variant) == 2;
+    const int layout = sm90::cluster_of(variant) == 2 ? kTilesPairs
+                       : sm90::has_merge(variant) && !tgmm ? kTilesMerged
+                                                           : kTilesPlain;
     const int tiles_n = (a.n + sm90::BN - 1) / sm90::BN;
     const int tiles_k = (a.k + sm90::BM - 1) / sm90::BM;
     sl_status st = table_build_launch(a, tgmm, tgmm ? 0 : sm90::BM, tiles_n,
                                       sm90::tgmm_units_per_group(variant, tiles_k, tiles_n),
-                                      stream, pairs);
+                                      stream, layout);
     if (st != SL_STATUS_SUCCESS) return st;
   }
   if (a.in_dtype == SL_DTYPE_BF16)
