@@ -230,6 +230,24 @@ __device__ __forceinline__ void wgmma_tile(float (&acc)[128], uint64_t da, uint6
     wgmma_m64n256k16_f16<TA, TB>(acc, da, db, scale_d);
 }
 
+/* The four 8x8 fragments of an stmatrix.x4 from column groups i, i+1 of an accumulator: matrix m
+ * is rows +8*(m%2) of group i + m/2, each register two adjacent columns as OT. */
+template <typename OT, int NREG>
+__device__ __forceinline__ void pack_x4(const float (&acc)[NREG], int i, uint32_t (&p)[4]) {
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const float lo = acc[4 * (i + (m >> 1)) + 2 * (m & 1)],
+                hi = acc[4 * (i + (m >> 1)) + 2 * (m & 1) + 1];
+    if constexpr (std::is_same<OT, __nv_bfloat16>::value) {
+      __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+      p[m] = *reinterpret_cast<uint32_t *>(&v);
+    } else {
+      __half2 v = __floats2half2_rn(lo, hi);
+      p[m] = *reinterpret_cast<uint32_t *>(&v);
+    }
+  }
+}
+
 /* V_TM's merged tiles: D[64 columns of the output, NT rows] += W^T (MN-major) * x^T (K-major), on
  * the first NT / 2 accumulators. */
 template <typename T, int NT>
@@ -265,18 +283,7 @@ __device__ __forceinline__ void stage_tok_stsm(const float (&acc)[128], uint32_t
     const int r = 8 * (i + (q >> 1)) + (lane & 7);
     const uint32_t addr = cbase + r * 128 + ((c ^ (r & 7)) << 4);
     uint32_t p[4];
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      const float lo = acc[4 * (i + (m >> 1)) + 2 * (m & 1)],
-                  hi = acc[4 * (i + (m >> 1)) + 2 * (m & 1) + 1];
-      if constexpr (std::is_same<OT, __nv_bfloat16>::value) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        p[m] = *reinterpret_cast<uint32_t *>(&v);
-      } else {
-        __half2 v = __floats2half2_rn(lo, hi);
-        p[m] = *reinterpret_cast<uint32_t *>(&v);
-      }
-    }
+    pack_x4<OT>(acc, i, p);
     asm volatile(
         "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
         "r"(p[0]), "r"(p[1]), "r"(p[2]), "r"(p[3])
@@ -324,18 +331,7 @@ __device__ __forceinline__ void stage_half_stsm(const float (&acc)[NREG], uint32
     const int c = i + (q >> 1); /* 8-column group (16-byte chunk) of this lane's matrix */
     const uint32_t addr = row_base + ((c - C0) >> 3) * BOX_BYTES + (((c & 7) ^ (r & 7)) << 4);
     uint32_t p[4];
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      const float lo = acc[4 * (i + (m >> 1)) + 2 * (m & 1)],
-                  hi = acc[4 * (i + (m >> 1)) + 2 * (m & 1) + 1];
-      if constexpr (std::is_same<OT, __nv_bfloat16>::value) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        p[m] = *reinterpret_cast<uint32_t *>(&v);
-      } else {
-        __half2 v = __floats2half2_rn(lo, hi);
-        p[m] = *reinterpret_cast<uint32_t *>(&v);
-      }
-    }
+    pack_x4<OT>(acc, i, p);
     asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
                  "r"(p[0]), "r"(p[1]), "r"(p[2]), "r"(p[3])
                  : "memory");
