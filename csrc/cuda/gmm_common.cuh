@@ -42,15 +42,13 @@ __host__ __device__ inline int table_ints(int num_local_groups) {
 /* Groups whose table fits in shared memory next to the pipeline; more need the workspace. */
 constexpr int kSmemTableMaxGroups = 256;
 
-/* sm90 V_TM: a gmm group of s rows whose last row tile is partial with at most MERGE_MAX rows,
- * and that has a full tile before it, takes its last 128 + s % 128 rows as merged tiles, two per
- * 256-column block (128 output columns each, the rows as the wgmma's N); 0 if it does not. */
-#ifndef SLUICE_MERGE_MAX
-#define SLUICE_MERGE_MAX 64
-#endif
+/* sm90 V_TM: a gmm group of s rows whose last row tile is partial with at most 64 rows, and that
+ * has a full tile before it, takes its last 128 + s % 128 rows (129..192) as merged tiles, two
+ * per 256-column block (128 output columns each, the rows as the wgmma's N); 0 if it does not.
+ * (Merging 65..96 rows too, as 224-row tiles, measured no better: dev/NOTES.md, session 14.) */
 __host__ __device__ inline int merged_rows(long long s) {
   const int r = (int)(s % 128);
-  return s > 128 && r > 0 && r <= SLUICE_MERGE_MAX ? 128 + r : 0;
+  return s > 128 && r > 0 && r <= 64 ? 128 + r : 0;
 }
 /* Units of work of a gmm group of s rows in V_TM: its full row tiles but the last one, then the
  * two merged tiles of each column block; other groups as ever. */

@@ -153,23 +153,23 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * against 1.12x in one call), alone under sustained load a little slower (-0.2..-4.2%, gateup
  * most: its clock settles 45-60 MHz lower - twice the TMA requests and barrier traffic per flop),
  * so it is not the gmm default: SLUICE_GMM_VARIANT=23 selects it. The tgmm default. */
-/* V_TM (gmm, N-major B, 16-bit outputs): V_FB whose groups with a partial last row tile of <= 96
- * rows take their last 128 + r rows (129..224) as "merged" tiles instead of a full tile and an
+/* V_TM (gmm, N-major B, 16-bit outputs): V_FB whose groups with a partial last row tile of <= 64
+ * rows take their last 128 + r rows (129..192: merged_rows) as "merged" tiles instead of a full tile and an
  * edge tile. The edge tile of V_FB computes its few rows against a whole 256-column strip of the
  * weights (a lone warpgroup when r <= 64, the stages needed twice as fast per flop as a full
  * tile's): measured at ~0.9 of a full tile on dsv3-gateup for 64 rows (session 6). A merged tile
- * is transposed: 128 output columns (two m64 halves, one per warpgroup) by the 129..224 rows as
- * the wgmma's N (m64nNk16, N = 160, 192 or 224: the rows rounded up to 32), A = the weights'
+ * is transposed: 128 output columns (two m64 halves, one per warpgroup) by the 129..192 rows as
+ * the wgmma's N (m64nNk16, N = 160 or 192: the rows rounded up to 32), A = the weights'
  * 64x64 boxes read MN-major, B = the rows of lhs K-major, both straight from the stage as the
- * producer lands them (x: one 128-row box and 1-3 boxes of 32 rows; w: two 64x64 boxes). Two
- * merged tiles per 256 columns do the work of 1.5..1.75 full tiles where V_FB spends 1.9-2.0.
+ * producer lands them (x: one 128-row box and 1-2 boxes of 32 rows; w: two 64x64 boxes). Two
+ * merged tiles per 256 columns do the work of 1.0..1.5 full tiles where V_FB spends ~1.9.
  * Its epilogue stages the transposed accumulators with stmatrix.trans, stores the whole 64-row
  * boxes by TMA and the last rows (which a TMA box would write past the group's end) from shared
  * memory with 16-byte stores. The merged tiles of a group come in its last panel, two after each
  * column block's row tiles, so they share the weights' strip with them. Measured (one H200,
  * 2026-11-24, dev/NOTES.md session 14): a merged tile of 192 rows costs ~0.91 of a full tile
  * (82% of the pipe's rate per flop), not the ~0.77 modelled, so merging pays only where the edge
- * tile has <= 64 rows (SLUICE_MERGE_MAX; with 96, tiles of 224 rows, no better): in turn 0.97-1.04x
+ * tile has <= 64 rows (with <= 96, tiles of 224 rows, no better): in turn 0.97-1.04x
  * of V_FB by case (geomean 1.002-1.004x in two harness calls; ragged sizes +0.5..+1.9%, tile
  * multiples level, qwen3 "halves" -2..-3%), alone under sustained load +0.3..+1.9% on 7 of the 8
  * bench cases; bench gmm/torch 1.12-1.13x against 1.12x. The gmm default since session 14
@@ -258,13 +258,10 @@ __device__ __forceinline__ void wgmma_tok(float (&acc)[128], uint64_t da, uint64
   if constexpr (NT == 160) {
     if constexpr (BF) wgmma_m64n160k16_bf16<1, 0>(d, da, db, scale_d);
     else wgmma_m64n160k16_f16<1, 0>(d, da, db, scale_d);
-  } else if constexpr (NT == 192) {
+  } else {
+    static_assert(NT == 192, "merged tiles are 160 or 192 rows");
     if constexpr (BF) wgmma_m64n192k16_bf16<1, 0>(d, da, db, scale_d);
     else wgmma_m64n192k16_f16<1, 0>(d, da, db, scale_d);
-  } else {
-    static_assert(NT == 224, "merged tiles are 160, 192 or 224 rows");
-    if constexpr (BF) wgmma_m64n224k16_bf16<1, 0>(d, da, db, scale_d);
-    else wgmma_m64n224k16_f16<1, 0>(d, da, db, scale_d);
   }
 }
 
@@ -910,15 +907,10 @@ __global__ void __launch_bounds__(THREADS, 1)
               }
             }
           };
-          const int nt = (tok + 31) & ~31;
-          if (nt == 160)
+          if (((tok + 31) & ~31) == 160) /* (tok 129..192: merged_rows) */
             merged(std::integral_constant<int, 160>{});
-          else if constexpr (SLUICE_MERGE_MAX <= 64)
-            merged(std::integral_constant<int, 192>{});
-          else if (nt == 192)
-            merged(std::integral_constant<int, 192>{});
           else
-            merged(std::integral_constant<int, 224>{});
+            merged(std::integral_constant<int, 192>{});
           continue;
         }
       }

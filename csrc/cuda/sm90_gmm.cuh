@@ -245,26 +245,28 @@ __device__ __forceinline__ void fence_operands(float (&d)[128]) {
 SL_WGMMA_FN(wgmma_m64n256k16_bf16, "m64n256k16", "bf16", 128)
 SL_WGMMA_FN(wgmma_m64n256k16_f16, "m64n256k16", "f16", 128)
 
-/* The narrower accumulators of sm90 V_TM's merged tiles (m64nNk16, N = 160, 192, 224: N / 2
- * registers): the same lists cut at 80, 96 and 112. */
-#define SL_WGMMA_REGS80 "{" SL_WGMMA_REGS_LO ",%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79}"
-#define SL_WGMMA_ACC80(d) SL_WGMMA_ACC_LO(d), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+/* The narrower accumulators of sm90 V_TM's merged tiles (m64nNk16, N = 160, 192: N / 2
+ * registers): the 128-register lists cut at 80 and 96. */
+#define SL_WGMMA_REGS_64_80 "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"
+#define SL_WGMMA_REGS_80_96 "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
+#define SL_WGMMA_ACC_64_80(d) \
+  "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+  "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+#define SL_WGMMA_ACC_80_96(d) \
+  "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+  "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+#define SL_WGMMA_REGS80 "{" SL_WGMMA_REGS_LO "," SL_WGMMA_REGS_64_80 "}"
+#define SL_WGMMA_REGS96 "{" SL_WGMMA_REGS_LO "," SL_WGMMA_REGS_64_80 "," SL_WGMMA_REGS_80_96 "}"
+#define SL_WGMMA_ACC80(d) SL_WGMMA_ACC_LO(d), SL_WGMMA_ACC_64_80(d)
+#define SL_WGMMA_ACC96(d) SL_WGMMA_ACC_LO(d), SL_WGMMA_ACC_64_80(d), SL_WGMMA_ACC_80_96(d)
 #define SL_WGMMA_PRE80 "{\n.reg .pred p;\nsetp.ne.b32 p, %84, 0;\n"
 #define SL_WGMMA_POST80 ", %80, %81, p, 1, 1, %82, %83;\n}\n"
-#define SL_WGMMA_REGS96 "{" SL_WGMMA_REGS_LO ",%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}"
-#define SL_WGMMA_ACC96(d) SL_WGMMA_ACC_LO(d), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
 #define SL_WGMMA_PRE96 "{\n.reg .pred p;\nsetp.ne.b32 p, %100, 0;\n"
 #define SL_WGMMA_POST96 ", %96, %97, p, 1, 1, %98, %99;\n}\n"
-#define SL_WGMMA_REGS112 "{" SL_WGMMA_REGS_LO ",%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111}"
-#define SL_WGMMA_ACC112(d) SL_WGMMA_ACC_LO(d), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111])
-#define SL_WGMMA_PRE112 "{\n.reg .pred p;\nsetp.ne.b32 p, %116, 0;\n"
-#define SL_WGMMA_POST112 ", %112, %113, p, 1, 1, %114, %115;\n}\n"
 SL_WGMMA_FN(wgmma_m64n160k16_bf16, "m64n160k16", "bf16", 80)
 SL_WGMMA_FN(wgmma_m64n160k16_f16, "m64n160k16", "f16", 80)
 SL_WGMMA_FN(wgmma_m64n192k16_bf16, "m64n192k16", "bf16", 96)
 SL_WGMMA_FN(wgmma_m64n192k16_f16, "m64n192k16", "f16", 96)
-SL_WGMMA_FN(wgmma_m64n224k16_bf16, "m64n224k16", "bf16", 112)
-SL_WGMMA_FN(wgmma_m64n224k16_f16, "m64n224k16", "f16", 112)
 
 #endif /* SLUICE_SM90A_DEVICE */
 

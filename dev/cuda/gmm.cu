@@ -28,8 +28,8 @@
  *  25  as 20 with k-blocks of 32 rows (tgmm: contraction rows; gmm: K columns, A's 64-byte rows
  *      64B-swizzled) in 6 stages of 24 KB (V_K32, the tgmm default since session 10; gmm since
  *      session 13, not its default: a little faster in turn, slower alone; transpose_rhs runs 20)
- *  35  (gmm) as 20, with a group's last 128 + r rows (r = 1..96) as two transposed "merged" tiles
- *      per 256 columns (the rows as the wgmma's N: 160, 192 or 224) instead of a full tile and an
+ *  35  (gmm) as 20, with a group's last 128 + r rows (r = 1..64) as two transposed "merged" tiles
+ *      per 256 columns (the rows as the wgmma's N: 160 or 192) instead of a full tile and an
  *      edge tile (V_TM; transpose_rhs and f32 outputs run 20, tgmm 25)
  * (7, the ping-pong V_PP (session 2; 3-11% slower, removed in session 12, in the history at
  *  f265b23), 17-19, session 6's V_NS, V_HA, V_EW, 23-24, session 8's V_RS, V_RS4, and again 23-24,

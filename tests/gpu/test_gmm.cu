@@ -333,11 +333,12 @@ int main(int argc, char **argv) {
      * issues 1-3 k16 steps (sm90 variants with the ragged-edge skips) */
     cases.push_back(make(nm("16-row group ends"), tg, 400, 136, 264, {48, 96, 16, 200, 32}));
     cases.push_back(make(nm("G=256 random"), tg, 3000, 128, 136, random_sizes(256, 2900)));
-    /* sm90 V_TM's merged edges: last 128 + r rows of 129..224 (wgmma N 160, 192, 224), one with
-     * rows of its own before them, the second column block's second half past N = 320, K off
-     * the k-block size, and the last group ending at M */
-    cases.push_back(make(nm("merged edge rows"), tg, 1602, 264, 320,
-                         {129, 160, 161, 192, 0, 224, 600, 136}));
+    /* sm90 V_TM's merged edges: last 128 + r rows of 129..192 (wgmma N 160, 192), one group
+     * with full row tiles before them (552), one whose edge of 96 rows is not merged (224), the
+     * second column block's second half past N = 320, K off the k-block size, and the last
+     * group ending at M */
+    cases.push_back(make(nm("merged edge rows"), tg, 1554, 264, 320,
+                         {129, 160, 161, 192, 0, 224, 552, 136}));
     cases.push_back(
         make(nm("group_offset 3 of 8, 4 local"), tg, 1200, 64, 256, random_sizes(8, 1100), 4, 3));
     cases.push_back(
