@@ -27,27 +27,59 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-/* A parity wait; CLUSTER: it also acquires what other CTAs of the cluster released before they
- * arrived (the V_MD mailbox: the peer's remote store of a unit index). */
+/* Bounded waits, for debugging a hang (off by default). Built with -DSLUICE_SM90_WAIT_LIMIT_NS=<ns>
+ * (at most ~4.2 s; e.g. WAIT_LIMIT_NS=4000000000 tests/gpu/build.sh), a barrier still incomplete that
+ * long after its first 256 failed polls traps, so a stuck pipeline shows as a failed launch instead
+ * of a hang, and compute-sanitizer or cuda-gdb name the wait's source line (tests/gpu/test_wait_bound.cu
+ * checks both directions). Off because it costs: -0.4..-0.5% gmm and tgmm against torch in the
+ * benchmark, whether the clock is read after every failed poll or every 256th (three rounds, one
+ * H200, 2026-11-24). The clock is the low 32 bits of %globaltimer (one register; differences are
+ * right below 2^32 ns, hence the static_assert). No printf: a call in the kernel makes ptxas
+ * serialize every wgmma (C7510) and ignore setmaxnreg (C7507). */
+#ifndef SLUICE_SM90_WAIT_LIMIT_NS
+#define SLUICE_SM90_WAIT_LIMIT_NS 0u
+#endif
+static_assert(SLUICE_SM90_WAIT_LIMIT_NS < 4200000000u, "the wait limit must stay below 2^32 ns");
+__device__ __forceinline__ uint32_t globaltimer_lo_ns() {
+  uint32_t t;
+  asm volatile("mov.u32 %0, %%globaltimer_lo;\n" : "=r"(t));
+  return t;
+}
+/* One poll of a parity wait; CLUSTER: it also acquires what other CTAs of the cluster released
+ * before they arrived (the V_MD mailbox: the peer's remote store of a unit index). */
+template <bool CLUSTER>
+__device__ __forceinline__ uint32_t mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  if constexpr (CLUSTER)
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
+        "%2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  else
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  return done;
+}
 template <bool CLUSTER = false>
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    if constexpr (CLUSTER)
-      asm volatile(
-          "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
-          "%2;\nselp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
-    else
-      asm volatile(
-          "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-          "selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
-  } while (!done);
+  uint32_t polls = 0, t0 = 0;
+  while (!mbar_try_wait<CLUSTER>(bar, parity)) {
+    if constexpr (SLUICE_SM90_WAIT_LIMIT_NS != 0) {
+      if ((++polls & 255) == 0) {
+        const uint32_t t = globaltimer_lo_ns();
+        if (polls == 256)
+          t0 = t;
+        else if (t - t0 > (uint32_t)SLUICE_SM90_WAIT_LIMIT_NS)
+          asm volatile("trap;\n");
+      }
+    }
+  }
 }
 
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *map, int c0, int c1,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the CUDA kernels with nvcc directly (no CMake needed) into $BUILD (default build-gpu/):
 #   test_gmm           the GPU test binary (tests/gpu/test_gmm.cu)
+#   test_wait_bound    the sm90 kernels' bounded mbarrier wait (tests/gpu/test_wait_bound.cu, sm_90a)
 #   libsluice_gpu.so   core + CUDA kernels, for bench/bench_gmm.py (ctypes)
 #   gmm, tgmm          the dev harnesses (dev/cuda/*.cu)
 # Objects build in parallel; ptxas resource reports go to $BUILD/ptxas-*.log.
@@ -10,6 +11,8 @@ BUILD=${BUILD:-build-gpu}
 mkdir -p "$BUILD"
 ARCH="-gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80"
 NVCC="nvcc -O3 -std=c++17 -lineinfo $ARCH -Iinclude -Icsrc/core -Xcompiler -fPIC"
+# WAIT_LIMIT_NS=<ns>: the sm90 kernels' mbarrier waits trap after that long (csrc/cuda/sm90_gmm.cuh)
+if [ -n "${WAIT_LIMIT_NS:-}" ]; then NVCC="$NVCC -DSLUICE_SM90_WAIT_LIMIT_NS=${WAIT_LIMIT_NS}u"; fi
 pids=()
 for f in status gmm_cpu; do
   gcc -O2 -fPIC -fopenmp -Iinclude -Icsrc/core -c csrc/core/$f.c -o "$BUILD/$f.o" & pids+=($!)
@@ -18,6 +21,8 @@ for f in gmm_launch sm80_gmm sm90_gmm; do
   $NVCC -Xptxas -v -c csrc/cuda/$f.cu -o "$BUILD/$f.o" >"$BUILD/ptxas-$f.log" 2>&1 & pids+=($!)
 done
 $NVCC -c tests/gpu/test_gmm.cu -o "$BUILD/test_gmm.o" & pids+=($!)
+nvcc -O3 -std=c++17 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Iinclude \
+  -o "$BUILD/test_wait_bound" tests/gpu/test_wait_bound.cu & pids+=($!)
 if [ "${DEV:-1}" = 1 ]; then
   for h in gmm tgmm; do
     $NVCC -c dev/cuda/$h.cu -o "$BUILD/dev_$h.o" & pids+=($!)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One command for the GPU test suite on a GPU machine: build (tests/gpu/build.sh), then
 #   1. every case plain (public API and the portable kernel, against a float64 reference)
-#   2. compute-sanitizer memcheck and racecheck on a covering subset (--quick)
+#   2. compute-sanitizer memcheck, racecheck, synccheck and initcheck on a covering subset (--quick)
 #   3. SLUICE_DEBUG=1: bad device sizes must come back as SL_STATUS_INVALID_VALUE
+#   4. test_wait_bound: an mbarrier wait that never completes ends the launch instead of hanging it
 # BUILD=dir picks the build folder (default build-gpu); SKIP_BUILD=1 reuses what is there.
 # VARIANTS="4 20" also runs steps 1 and 2 with SLUICE_{GMM,TGMM}_VARIANT=<v> (an sm90 kernel variant that is
 # not the default, sm90_gmm.cu's Variant), so a candidate passes the suite before it becomes one.
@@ -27,7 +28,10 @@ step() { # name, command...
 step plain "$BUILD/test_gmm"
 step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_gmm" --quick
 step racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$BUILD/test_gmm" --quick
+step synccheck compute-sanitizer --tool synccheck --error-exitcode 3 "$BUILD/test_gmm" --quick
+step initcheck compute-sanitizer --tool initcheck --error-exitcode 3 "$BUILD/test_gmm" --quick
 step debug env SLUICE_DEBUG=1 "$BUILD/test_gmm" --debug
+step waitbound "$BUILD/test_wait_bound"
 for v in ${VARIANTS:-}; do
   step plain-v$v env SLUICE_GMM_VARIANT=$v SLUICE_TGMM_VARIANT=$v "$BUILD/test_gmm"
   step memcheck-v$v env SLUICE_GMM_VARIANT=$v SLUICE_TGMM_VARIANT=$v compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_gmm" --quick
