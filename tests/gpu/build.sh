@@ -12,6 +12,8 @@ mkdir -p "$BUILD"
 ARCH="-gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80"
 NVCC="nvcc -O3 -std=c++17 -lineinfo $ARCH -Iinclude -Icsrc/core -Xcompiler -fPIC"
 # WAIT_LIMIT_NS=<ns>: the sm90 kernels' mbarrier waits trap after that long (csrc/cuda/sm90_gmm.cuh)
+# NVCC_FLAGS: more flags for every nvcc compile (e.g. -D options of csrc/cuda)
+NVCC="$NVCC ${NVCC_FLAGS:-}"
 if [ -n "${WAIT_LIMIT_NS:-}" ]; then NVCC="$NVCC -DSLUICE_SM90_WAIT_LIMIT_NS=${WAIT_LIMIT_NS}u"; fi
 pids=()
 for f in status gmm_cpu; do
