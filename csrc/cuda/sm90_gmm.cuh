@@ -68,16 +68,18 @@ __device__ __forceinline__ uint32_t mbar_try_wait(uint32_t bar, uint32_t parity)
 }
 template <bool CLUSTER = false>
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t polls = 0, t0 = 0;
-  while (!mbar_try_wait<CLUSTER>(bar, parity)) {
-    if constexpr (SLUICE_SM90_WAIT_LIMIT_NS != 0) {
-      if ((++polls & 255) == 0) {
-        const uint32_t t = globaltimer_lo_ns();
-        if (polls == 256)
-          t0 = t;
-        else if (t - t0 > (uint32_t)SLUICE_SM90_WAIT_LIMIT_NS)
-          asm volatile("trap;\n");
-      }
+  if constexpr (SLUICE_SM90_WAIT_LIMIT_NS == 0) {
+    while (!mbar_try_wait<CLUSTER>(bar, parity)) {
+    }
+  } else {
+    uint32_t polls = 0, t0 = 0;
+    while (!mbar_try_wait<CLUSTER>(bar, parity)) {
+      if ((++polls & 255) != 0) continue;
+      const uint32_t t = globaltimer_lo_ns();
+      if (polls == 256)
+        t0 = t;
+      else if (t - t0 > (uint32_t)SLUICE_SM90_WAIT_LIMIT_NS)
+        asm volatile("trap;\n");
     }
   }
 }

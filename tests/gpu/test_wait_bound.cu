@@ -2,7 +2,7 @@
  * a wait that never completes must end the launch with an error instead of hanging it, and a wait
  * that completes within the limit must not. This binary uses the real mbar_wait, with the limit
  * lowered to 0.5 s:
- *   1. thread 1 waits for a barrier that thread 0 completes after ~100 ms: the kernel must succeed;
+ *   1. thread 1 waits for a barrier that thread 0 completes after 50-100 ms: the kernel must succeed;
  *   2. thread 0 waits for a barrier nobody arrives on: the launch must fail (the trap), in well under
  *      the 30 s the host allows it.
  * Case 2 leaves the CUDA context unusable, so it runs last and the binary exits after it.
