@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Everything of the grouped GEMM that one GPU can check and time, in one call (for the device tool,
+# whose calls end at 10 minutes and return at most 8 files), in the order that matters most:
+#   1. build: tests/gpu/build.sh (test binaries, libsluice_gpu.so for ctypes) and, at the same time,
+#      the CMake library the JAX tests load (build/, sm_90a only)
+#   2. the GPU test suite (tests/gpu/run.sh: plain, memcheck, racecheck, synccheck, initcheck,
+#      SLUICE_DEBUG, the bounded wait)
+#   3. the JAX-level GPU tests (tests/gpu/test_jax_gpu.py: sluice.gmm/tgmm through XLA's CUDA FFI)
+#   4. the benchmark (bench/run_gpu.sh: in turn with torch/cuBLAS, then ragged_dot, then each alone)
+# Results: $OUT/{gmm,sustained,resource-usage}-$STAMP.* and tests-$STAMP.txt (step lines, versions,
+# the device), all logs in $OUT/logs-$STAMP.tar.gz. STAMP defaults to <gpu>-<date>, e.g. h100-20261124.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/1gpu-out}
+mkdir -p "$OUT"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE 'H[0-9]+' | tr A-Z a-z)
+export STAMP=${STAMP:-${gpu:-gpu}-$(date -u +%Y%m%d)}
+export BUILD=${BUILD:-build-gpu} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+LOGS=$BUILD/logs
+mkdir -p "$LOGS"
+SUM="$OUT/tests-$STAMP.txt"
+t0=$(date +%s)
+el() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$SUM"; }
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit,memory.total --format=csv
+  nvcc --version | tail -2
+  python3 -c 'import jax, torch; print("python", __import__("sys").version.split()[0], "jax", jax.__version__, "torch", torch.__version__)'
+} >>"$SUM" 2>&1
+( cmake -B build -DPython_EXECUTABLE="$(command -v python3)" -DCMAKE_CUDA_ARCHITECTURES=90a-real &&
+  cmake --build build -j 8 --target sluice ) >"$LOGS/cmake.log" 2>&1 &
+cmake_pid=$!
+tests/gpu/build.sh >"$LOGS/build.log" 2>&1 || { tail -30 "$LOGS/build.log"; exit 1; }
+el "built $BUILD"
+SKIP_BUILD=1 LOGS=$LOGS tests/gpu/run.sh 2>&1 | tee -a "$SUM"
+el "GPU suite done"
+if wait $cmake_pid; then
+  PYTHONPATH=$PWD/python timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_jax_gpu.py \
+    >"$LOGS/test_jax_gpu.log" 2>&1
+  el "JAX GPU tests: $(tail -1 "$LOGS/test_jax_gpu.log")"
+else
+  el "CMake build failed: $(tail -3 "$LOGS/cmake.log")"
+fi
+left=$((${BUDGET_S:-560} - $(date +%s) + t0)) # the device tool ends a call at 600 s
+SKIP_BUILD=1 RESULTS=$LOGS/results timeout $left bench/run_gpu.sh >"$LOGS/bench.log" 2>&1
+el "benchmark done (rc $?, limit $left s)"
+cp "$LOGS"/results/{gmm,sustained,resource-usage}-"$STAMP".* "$OUT"/ 2>/dev/null
+tar czf "$OUT/logs-$STAMP.tar.gz" -C "$BUILD" logs
