@@ -48,17 +48,11 @@ constexpr int kSmemTableMaxGroups = 256;
  * (Merging 65..96 rows too, as 224-row tiles, measured no better: dev/NOTES.md, session 14.) */
 __host__ __device__ inline int merged_rows(long long s) {
   const int r = (int)(s % 128);
-#ifdef SLUICE_TM_PROBE /* dev only: a group of 256 + 128 i rows merges its last 256 (NT = 256) */
-  if (s >= 256 && r == 0) return 256;
-#endif
   return s > 128 && r > 0 && r <= 64 ? 128 + r : 0;
 }
 /* Units of work of a gmm group of s rows in V_TM: its full row tiles but the last one, then the
  * two merged tiles of each column block; other groups as ever. */
 __host__ __device__ inline long long merged_units(long long s, long long tiles_n) {
-#ifdef SLUICE_TM_PROBE
-  return merged_rows(s) ? ((s - merged_rows(s)) / 128 + 2) * tiles_n : (s + 127) / 128 * tiles_n;
-#endif
   return merged_rows(s) ? (s / 128 + 1) * tiles_n : (s + 127) / 128 * tiles_n;
 }
 

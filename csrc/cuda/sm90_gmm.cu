@@ -258,9 +258,6 @@ __device__ __forceinline__ void wgmma_tok(float (&acc)[128], uint64_t da, uint64
   if constexpr (NT == 160) {
     if constexpr (BF) wgmma_m64n160k16_bf16<1, 0>(d, da, db, scale_d);
     else wgmma_m64n160k16_f16<1, 0>(d, da, db, scale_d);
-  } else if constexpr (NT == 256) { /* (SLUICE_TM_PROBE only) */
-    if constexpr (BF) wgmma_m64n256k16_bf16<1, 0>(acc, da, db, scale_d);
-    else wgmma_m64n256k16_f16<1, 0>(acc, da, db, scale_d);
   } else {
     static_assert(NT == 192, "merged tiles are 160 or 192 rows");
     if constexpr (BF) wgmma_m64n192k16_bf16<1, 0>(d, da, db, scale_d);
@@ -542,11 +539,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (MERGE && merged_rows(ge - gs)) {
       /* full row tiles tmn, in panels of 16; the last panel (height hl, 0..16) also holds the
        * two merged tiles of each column block, after its row tiles */
-#ifdef SLUICE_TM_PROBE
-      const int tmn = (ge - gs - merged_rows(ge - gs)) / BM;
-#else
       const int tmn = (ge - gs) / BM - 1;
-#endif
       const int np = tmn > 0 ? (tmn + 15) / 16 : 1, before = (np - 1) * 16 * tiles_n;
       if (u < before) {
         panel_raster(u, tmn, tiles_n, mt, nt);
@@ -914,11 +907,6 @@ __global__ void __launch_bounds__(THREADS, 1)
               }
             }
           };
-#ifdef SLUICE_TM_PROBE
-          if (tok == 256)
-            merged(std::integral_constant<int, 256>{});
-          else
-#endif
           if (((tok + 31) & ~31) == 160) /* (tok 129..192: merged_rows) */
             merged(std::integral_constant<int, 160>{});
           else

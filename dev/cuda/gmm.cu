@@ -265,11 +265,7 @@ int main(int argc, char **argv) {
   for (int pr = 0; pr < 2 * (kTgmm ? 1 : 2) && !getenv("HARNESS_NOCHECK"); ++pr) {
     const int tr = kTgmm ? 0 : pr % 2, aligned = kTgmm ? pr : pr / 2;
     /* (V_TM merges the last 128 + r rows of 300, 517, 129: 172, 133 and 129 rows; none of 200) */
-#ifdef SLUICE_TM_PROBE /* a group of 384 rows: one full row tile, then a 256-row merged tile */
-    std::vector<int> sizes = {384, 0, 1, 517, 129, 0, 48, 116};
-#else
     std::vector<int> sizes = {300, 0, 1, 517, 129, 0, 48, 200};
-#endif
     /* K = 264: 3 row blocks of out[j] in tgmm, so a cluster pair has a dummy second tile */
     /* aligned K = 384: an even number of k-blocks, 3 row blocks of out[j] as with 264 */
     const int G = (int)sizes.size(), M = 1200, K = aligned ? 384 : 264, N = aligned ? 576 : 520;
