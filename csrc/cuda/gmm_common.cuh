@@ -56,9 +56,9 @@ __host__ __device__ inline long long merged_units(long long s, long long tiles_n
   return merged_rows(s) ? (s / 128 + 1) * tiles_n : (s + 127) / 128 * tiles_n;
 }
 
-/* How build_group_table counts a gmm group's units: tiles, pairs of tiles (sm90 V_MD), or tiles
- * with V_TM's merged edge (bm 128). */
-enum TableLayout { kTilesPlain = 0, kTilesPairs = 1, kTilesMerged = 2 };
+/* How build_group_table counts a gmm group's units: tiles, or tiles with V_TM's merged edge (bm
+ * 128). (1 was sm90 V_MD's pairs of tiles, removed in session 17.) */
+enum TableLayout { kTilesPlain = 0, kTilesMerged = 2 };
 
 #ifdef __CUDACC__
 /* Block-wide inclusive scan of one int64 per thread (blockDim.x a multiple of 32, <= 1024). */
@@ -86,17 +86,10 @@ __device__ inline long long block_inclusive_scan(long long v, long long *warp_su
   return v;
 }
 
-/* Units of work of a tiles_m x tiles_n grid of tiles taken by pairs of CTAs (sm90 V_MD): pairs
- * of row tiles that share a column block while two row tiles are left, then the last row tile's
- * column blocks in pairs (the odd one out, if tiles_n is odd, pairs with a dummy). */
-__host__ __device__ inline long long pair_units(long long tiles_m, long long tiles_n) {
-  return tiles_m / 2 * tiles_n + (tiles_m & 1) * ((tiles_n + 1) / 2);
-}
-
 /* Builds the group table in `tab` (smem or global), called by every thread of a block.
- * gmm: a local group of s rows has ceil(s / bm) * tiles_n tiles (pairs: pair_units of them;
- * merged: merged_units); tgmm (bm == 0): every local group has tiles_per_group tiles (an empty
- * group still writes its zero tile). */
+ * gmm: a local group of s rows has ceil(s / bm) * tiles_n tiles (merged: merged_units); tgmm
+ * (bm == 0): every local group has tiles_per_group tiles (an empty group still writes its zero
+ * tile). */
 __device__ inline void build_group_table(const GmmArgs &a, int *tab, int bm, int tiles_n,
                                          int tiles_per_group, int layout = kTilesPlain) {
   __shared__ long long warp_sums[32];
@@ -139,7 +132,6 @@ __device__ inline void build_group_table(const GmmArgs &a, int *tab, int bm, int
     long long t = 0;
     if (j < GL)
       t = bm <= 0                   ? (long long)tiles_per_group
-          : layout == kTilesPairs  ? pair_units((end[j] - start[j] + bm - 1) / bm, tiles_n)
           : layout == kTilesMerged ? merged_units(end[j] - start[j], tiles_n)
                                    : (long long)((end[j] - start[j] + bm - 1) / bm) * tiles_n;
     long long incl = block_inclusive_scan(t, warp_sums) + carry;

@@ -53,49 +53,38 @@ static_assert(
  * V_OV 8, V_4S 9, 21-22, used twice: V_RS, V_RS4 (session 8), V_3W, V_FC (session 9, in the
  * history at 43419fc and 6add3a9), and 24-27: V_LG2, V_LG3, V_K16, V_KS (session 10, at 1874ec4
  * and 0943536), 28-31 (session 12's diagnostics) and 32, V_TL (session 13: the last wave of
- * tiles in 128x128 halves, 0.99x; in the history at 9ad54f8) - whose numbers are not to be
- * reused again; 33 is V_TM; the next new variant is 34, harness version 36):
+ * tiles in 128x128 halves, 0.99x; in the history at 9ad54f8), and 2, 4, 19, 20: V_TMA_C,
+ * V_TMA_CS, V_MD, V_MD4 (removed in session 17, below; in the history at 16d7722) - whose numbers
+ * are not to be reused again; 33 is V_TM; the next new variant is 34, harness version 36):
  *   V_BASE   4 stages, each k-block's wgmmas waited before the next (wait_group 0), epilogue
  *            stores straight from registers. Any output dtype: the f32-output path until
  *            session 13, now only where the staged epilogue cannot run (an f32 row not a
  *            multiple of 16 bytes, an output not 16-byte aligned).
- *   V_TMA_C  3 stages, one k-block of wgmmas in flight (wait_group 1: a stage goes back one
- *            block later), the epilogue staged in shared memory (128B-swizzled, conflict-free)
- *            and written by TMA bulk stores that overlap the next tile's mainloop. 16-bit
- *            outputs; a gmm half-tile that crosses its group's end falls back to masked register
- *            stores. The gmm default until V_AHS: 93% of cycles with the tensor pipe
- *            active (Nsight Compute, dsv3-gateup), level with dense cuBLAS.
- *   V_TMA_CS V_TMA_C that skips work on ragged edges: in gmm, a tile with <= 64 rows of its group
- *            leaves consumer warpgroup 2 idle (it only passes the stages back); in tgmm, the last
- *            contraction block issues only the k16 steps that hold rows of the group
- *            (ceil(rows/16) of 4), and only rows up to the next multiple of 16 need zeroing (none
- *            when the group ends on one). The tgmm default until V_AHS: +2-5% over V_TMA_C
- *            on ragged group sizes; gmm: no gain.
+ *   V_TMA_C  (2, 3 stages, wait_group 1, the epilogue staged in shared memory for TMA stores: 93%
+ *            tensor-pipe cycles, the gmm default until V_AHS; in the history at 16d7722)
+ *   V_TMA_CS (4, V_TMA_C with the ragged-edge skips: tgmm +2-5% on ragged sizes, gmm no gain, the
+ *            tgmm default until V_AHS; in the history at 16d7722)
+ * Every variant but V_BASE has what these two brought (described under V_AHS).
  * In every variant the tgmm rows past a group's end are zeroed by warps 1-3 of the producer
  * warpgroup as soon as the block lands, off the consumers' path; consumers wait for a per-stage
  * "fixed" barrier on those blocks only. */
-enum Variant {
-  V_BASE = 0,
-  V_TMA_C = 2,
-  V_TMA_CS = 4,
-  V_AHS = 11,
-  V_DYN = 14,
-  V_FB = 18,
-  V_MD = 19,
-  V_MD4 = 20,
-  V_K32 = 23,
-  V_TM = 33
-};
+enum Variant { V_BASE = 0, V_AHS = 11, V_DYN = 14, V_FB = 18, V_K32 = 23, V_TM = 33 };
 __host__ __device__ constexpr bool is_variant(int v) {
-  return v == V_BASE || v == V_TMA_C || v == V_TMA_CS || v == V_AHS || v == V_DYN || v == V_FB ||
-         v == V_MD || v == V_MD4 || v == V_K32 || v == V_TM;
+  return v == V_BASE || v == V_AHS || v == V_DYN || v == V_FB || v == V_K32 || v == V_TM;
 }
-/* V_AHS: V_TMA_CS with less work at tile boundaries, where both consumer warpgroups leave the
- * tensor pipe idle together (dev/cuda/trace.sh measured ~1000-1600 cycles of head - decoding the
- * next tile, zeroing the accumulators - and ~1800 of epilogue per tile, against 16 x 1024 cycles
- * of wgmma on a dsv3 tgmm tile). The next tile is decoded while the last k-block drains, and the
- * first wgmma of a tile runs with scale_d = 0 instead of on zeroed accumulators (head ~250
- * cycles). The epilogue is staged with stmatrix (a quarter of the shared-memory store
+/* V_AHS: 3 stages, one k-block of wgmmas in flight (wait_group 1: a stage goes back one block
+ * later), the epilogue staged in shared memory (128B-swizzled, conflict-free) and written by TMA
+ * bulk stores that overlap the next tile's mainloop (a gmm half-tile that crosses its group's end
+ * falls back to masked register stores), as V_TMA_C had; V_TMA_CS's skips of ragged-edge work (in
+ * gmm, a tile with <= 64 rows of its group leaves consumer warpgroup 2 idle: it only passes the
+ * stages back; in tgmm, the last contraction block issues only the k16 steps that hold rows of
+ * the group, ceil(rows/16) of 4, and only rows up to the next multiple of 16 need zeroing, none
+ * when the group ends on one); and less work at tile boundaries, where both consumer warpgroups
+ * leave the tensor pipe idle together (dev/cuda/trace.sh measured ~1000-1600 cycles of head -
+ * decoding the next tile, zeroing the accumulators - and ~1800 of epilogue per tile, against 16 x
+ * 1024 cycles of wgmma on a dsv3 tgmm tile). The next tile is decoded while the last k-block
+ * drains, and the first wgmma of a tile runs with scale_d = 0 instead of on zeroed accumulators
+ * (head ~250 cycles). The epilogue is staged with stmatrix (a quarter of the shared-memory store
  * instructions; the output dtype branch taken once per tile). +1-3% gmm, +1-5% tgmm over V_TMA_CS
  * (harness, 2026-11-22, session 4); the default of both ops until V_DYN, and still what runs when
  * V_DYN has no workspace for its counter. */
@@ -122,23 +111,9 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * gmm only since session 10, where V_K32 took tgmm; since session 14 the gmm default where V_TM
  * does not apply: transpose_rhs, f32 outputs):
  * gmm level with V_DYN (0.99-1.01x), tgmm +0.2-1.8% in all 16 harness cases (2026-11-24). */
-/* V_MD: V_FB on clusters of 2 CTAs with TMA multicast, so each operand byte a pair shares crosses
- * from L2 once. A unit of work is a pair of tiles: two row tiles of one column block (they share
- * B: each CTA loads its own A and one 128-column half of B, multicast to both, 32 KB of the 48 KB
- * stage from L2 instead of 48), and for a group's last row tile when its row-tile count is odd, two
- * column blocks of that row tile (they share A: each loads its own B and one 64-row half of A, 40
- * KB). So no pair has a dummy half unless the column-block count is odd too. Units are claimed at
- * run time as in V_DYN: the rank-0 producer claims and passes each index to the rank-1 producer
- * through a mailbox in that CTA's shared memory (a remote store and a release arrive); every wait
- * is on a local barrier. A stage goes back to the producers of both CTAs (each writes half of the
- * other's copy). Measured (dev/NOTES.md, session 8): dsv3-gateup gmm L2 traffic -23%, cycles
- * +2% (the old static-stride V_MC, removed: +6-9%); in turn with other kernels 0.95-1.0x of
- * V_FB. */
-/* V_MD4: V_MD with a fourth stage, paid for by staging the output in two 64x128 passes per
- * warpgroup (32 KB instead of 64): a stage now goes back to two producers, one across the
- * SM-to-SM network, and the extra stage covers that latency. gmm: V_FB's cycles with V_MD's L2
- * traffic, +1-3% alone under sustained load, 0.96-1.0x in turn; tgmm slower (the second staging
- * pass). Not the default: the benchmark times the implementations in turn. */
+/* V_MD, V_MD4 (19, 20: V_FB on 2-CTA clusters with TMA multicast of the shared operand, V_MD4 with
+ * a fourth stage: L2 traffic -23%, +1-3% alone, 0.95-1.0x of V_FB in turn; in the history at
+ * 16d7722) */
 /* V_K32: V_FB with k-blocks of 32 rows (tgmm: contraction rows; gmm: K columns) in 6 stages of
  * 24 KB (the 144 KB of V_FB's 3 x 48 KB). The two consumer warpgroups still hold the last two
  * blocks (wait_group 1), now 64 rows instead of 128, so the producer's lookahead is 4 blocks of 32
@@ -176,41 +151,29 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * (transpose_rhs and f32 outputs run V_FB). */
 __host__ __device__ constexpr bool has_merge(int v) { return v == V_TM; }
 __host__ __device__ constexpr bool is_k32(int v) { return v == V_K32; }
-__host__ __device__ constexpr bool is_mc(int v) { return v == V_MD || v == V_MD4; }
 __host__ __device__ constexpr bool has_fused_boxes(int v) {
-  return v == V_FB || is_mc(v) || is_k32(v) || has_merge(v);
+  return v == V_FB || is_k32(v) || has_merge(v);
 }
 __host__ __device__ constexpr bool is_dyn(int v) {
-  return v == V_DYN || v == V_FB || is_mc(v) || is_k32(v) || has_merge(v);
+  return v == V_DYN || v == V_FB || is_k32(v) || has_merge(v);
 }
-__host__ __device__ constexpr bool has_ahead(int v) { return v == V_AHS || is_dyn(v); }
+/* Every variant but V_BASE has V_AHS's staged TMA epilogue (TMA_C), skips (SKIP) and lookahead
+ * with the stmatrix epilogue (AHEAD): kept apart as the features the kernel tests. */
 __host__ __device__ constexpr bool has_tma_c(int v) { return v != V_BASE; }
-__host__ __device__ constexpr bool has_skip(int v) { return v == V_TMA_CS || v >= V_AHS; }
-__host__ __device__ constexpr int cluster_of(int v) { return is_mc(v) ? 2 : 1; }
-__host__ __device__ constexpr int stages_of(int v) {
-  return is_k32(v) ? 6 : v == V_MD4 ? 4 : has_tma_c(v) ? 3 : 4;
-}
+__host__ __device__ constexpr bool has_skip(int v) { return v != V_BASE; }
+__host__ __device__ constexpr bool has_ahead(int v) { return v != V_BASE; }
+__host__ __device__ constexpr int stages_of(int v) { return is_k32(v) ? 6 : has_tma_c(v) ? 3 : 4; }
 /* contraction rows (tgmm) or K columns (gmm) per k-block, and one 64-wide swizzled input box */
 __host__ __device__ constexpr int bk_of(int v) { return is_k32(v) ? 32 : BK; }
 __host__ __device__ constexpr int in_box_bytes(int v) { return 64 * bk_of(v) * 2; }
 __host__ __device__ constexpr int stage_bytes_of(int v) { return (BM + BN) * bk_of(v) * 2; }
-/* TMA_C staging: the 128x256 tile (64 KB; V_MD4: half of it, staged in two passes). */
-__host__ __device__ constexpr int c_bytes_of(int v) {
-  return v == V_MD4 ? C_BYTES / 2 : has_tma_c(v) ? C_BYTES : 0;
-}
-/* tgmm's units of work per local group: tiles, or (V_MD) pairs of tiles (gmm's depend on each
- * group's rows: build_group_table) */
-__host__ __device__ inline int tgmm_units_per_group(int v, int tiles_k, int tiles_n) {
-  return cluster_of(v) == 2 ? (int)pair_units(tiles_k, tiles_n) : tiles_k * tiles_n;
-}
-/* Dynamic shared memory an sm_90 CTA may have: the 227 KB opt-in less the kernel's 1 KB static */
-constexpr size_t kMaxDynSmem = 232448 - 1024;
+/* TMA_C staging: the 128x256 tile (64 KB). */
+__host__ __device__ constexpr int c_bytes_of(int v) { return has_tma_c(v) ? C_BYTES : 0; }
 constexpr int RING = 4; /* V_DYN: tile indices in flight from the producer to the others */
 __host__ __device__ constexpr size_t pipe_bytes(int v) {
   return 1024 /* alignment slack */ + (size_t)stages_of(v) * stage_bytes_of(v) + c_bytes_of(v) +
          4 * stages_of(v) * 8 +
-         (is_dyn(v) ? RING * (8 + 8 + 4) : 0) /* V_DYN's ring: two barriers and an int a slot */ +
-         (cluster_of(v) == 2 ? RING * (8 + 8 + 4) : 0) /* V_MD's mailbox, the same */;
+         (is_dyn(v) ? RING * (8 + 8 + 4) : 0) /* V_DYN's ring: two barriers and an int a slot */;
 }
 /* tgmm: the last contraction block of a group holds rv valid rows (1..bk_of(v)); rows
  * [rv, fix_end) belong to the next group (or are TMA zeros past M) and must be zeroed before the
@@ -289,44 +252,20 @@ __device__ __forceinline__ void stage_tok_stsm(const float (&acc)[128], uint32_t
 }
 
 /* One 64-row accumulator half (NREG/4 column groups of 8) into 128B-swizzled 64x64 boxes at
- * cbase: thread holds rows warp*16 + lane/4 (+8), columns 8i + 2*(lane%4) (+1). */
-template <int NREG>
-__device__ __forceinline__ void stage_half(const float (&acc)[NREG], uint32_t cbase,
-                                           sl_dtype out_dtype, int warp, int lane) {
-#pragma unroll
-  for (int i = 0; i < NREG / 4; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = warp * 16 + (lane >> 2) + h * 8;
-      const uint32_t addr =
-          cbase + (i >> 3) * BOX_BYTES + r * 128 + (((i & 7) ^ (r & 7)) << 4) + (lane & 3) * 4;
-      uint32_t packed;
-      if (out_dtype == SL_DTYPE_BF16) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
-        packed = *reinterpret_cast<uint32_t *>(&v);
-      } else {
-        __half2 v = __floats2half2_rn(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
-        packed = *reinterpret_cast<uint32_t *>(&v);
-      }
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
-    }
-}
-
-/* stage_half with stmatrix, the output type OT fixed (column groups [C0, C1) only, staged from
- * the buffer's first box on): per pair of 8-column groups one
- * stmatrix.x4 of the four 8x8 matrices (rows 0-7 / 8-15 of the warp's 16) x (groups i, i+1); lane
- * l gives the address of row l%8 of matrix l/8. The same 128B-swizzled boxes as stage_half. */
-template <typename OT, int NREG, int C0 = 0, int C1 = NREG / 4>
+ * cbase, by stmatrix, the output type OT fixed: thread holds rows warp*16 + lane/4 (+8), columns
+ * 8i + 2*(lane%4) (+1); per pair of 8-column groups one stmatrix.x4 of the four 8x8 matrices (rows
+ * 0-7 / 8-15 of the warp's 16) x (groups i, i+1); lane l gives the address of row l%8 of matrix
+ * l/8. */
+template <typename OT, int NREG>
 __device__ __forceinline__ void stage_half_stsm(const float (&acc)[NREG], uint32_t cbase, int warp,
                                                 int lane) {
-  static_assert(C0 % 8 == 0, "a pass starts on a 64-column box");
   const int q = lane >> 3;                           /* the matrix this lane addresses */
   const int r = warp * 16 + (q & 1) * 8 + (lane & 7); /* its row in the 64-row half */
   const uint32_t row_base = cbase + r * 128;
 #pragma unroll
-  for (int i = C0; i < C1; i += 2) {
+  for (int i = 0; i < NREG / 4; i += 2) {
     const int c = i + (q >> 1); /* 8-column group (16-byte chunk) of this lane's matrix */
-    const uint32_t addr = row_base + ((c - C0) >> 3) * BOX_BYTES + (((c & 7) ^ (r & 7)) << 4);
+    const uint32_t addr = row_base + (c >> 3) * BOX_BYTES + (((c & 7) ^ (r & 7)) << 4);
     uint32_t p[4];
     pack_x4<OT>(acc, i, p);
     asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
@@ -460,13 +399,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr int SBYTES = stage_bytes_of(VARIANT);
   /* rows of a k-block, one input box, a stage's A part */
   constexpr int BKV = bk_of(VARIANT), IBOX = in_box_bytes(VARIANT), A_B = 2 * IBOX;
-  constexpr int PAIR = cluster_of(VARIANT); /* CTAs per cluster, tiles per scheduled unit */
-  constexpr bool MC = PAIR == 2;
-  static_assert(!is_k32(VARIANT) || (!MC && !TRANS_B), "V_K32: single CTAs, an N-major B");
+  static_assert(!is_k32(VARIANT) || !TRANS_B, "V_K32: an N-major B");
   constexpr bool MERGE = has_merge(VARIANT);
-  static_assert(!MERGE || (!MC && !TRANS_B && !TGMM && BKV == 64), "V_TM: gmm, an N-major B");
-  const uint32_t rank = MC ? cluster_ctarank() : 0, peer = rank ^ 1;
-  const int cid = blockIdx.x / PAIR, ncl = gridDim.x / PAIR; /* cluster id and count */
+  static_assert(!MERGE || (!TRANS_B && !TGMM && BKV == 64), "V_TM: gmm, an N-major B");
+  const int cid = blockIdx.x, ncl = gridDim.x; /* this CTA's first tile, the CTA count */
   extern __shared__ __align__(1024) unsigned char smem_sm90[];
   unsigned char *smem_raw = smem_sm90;
   unsigned char *base = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -479,19 +415,14 @@ __global__ void __launch_bounds__(THREADS, 1)
   /* V_DYN's ring: slot r holds a tile index (ring0 + 4r), filled (tfull0 + 8r, the producer
    * arrives) and read by every consumer and fixer thread (tempty0 + 8r, each arrives) */
   const uint32_t tfull0 = issued0 + STAGES * 8, tempty0 = tfull0 + RING * 8, ring0 = tempty0 + RING * 8;
-  /* V_MD's mailbox, used in the rank-1 CTA: slot r holds a unit index (mbox0 + 4r), filled
-   * (mfull0 + 8r, the rank-0 producer arrives remotely); rank 0's mempty0 + 8r: read (the rank-1
-   * producer arrives remotely) */
-  const uint32_t mfull0 = ring0 + RING * 4, mempty0 = mfull0 + RING * 8, mbox0 = mempty0 + RING * 8;
 
-  /* units of work per group: tiles, or (MC) pairs of tiles */
+  /* units of work per group: tiles (tgmm: tiles_k x tiles_n of out[j] each) */
   const int tiles_n = (a.n + TBN - 1) / TBN, tiles_k = (a.k + BM - 1) / BM;
   int *tab = a.table;
   if (tab == nullptr) {
     tab = reinterpret_cast<int *>(smem_raw + PIPE_BYTES);
-    build_group_table(a, tab, TGMM ? 0 : BM, tiles_n,
-                      tgmm_units_per_group(VARIANT, tiles_k, tiles_n),
-                      MC ? kTilesPairs : MERGE ? kTilesMerged : kTilesPlain);
+    build_group_table(a, tab, TGMM ? 0 : BM, tiles_n, tiles_n * tiles_k,
+                      MERGE ? kTilesMerged : kTilesPlain);
   }
   const int GL = a.num_local_groups;
   const int *start = tab + kTableHeader, *end = start + GL, *tile_prefix = end + GL;
@@ -499,9 +430,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full0 + 8 * s, 1);
-      /* lane 0 of each consumer warp (both warpgroups) of each CTA whose copy of the stage the
-       * producer writes (MC: both CTAs) */
-      mbar_init(empty0 + 8 * s, 8 * PAIR);
+      mbar_init(empty0 + 8 * s, 8);  /* lane 0 of each consumer warp (both warpgroups) */
       mbar_init(fixed0 + 8 * s, 1);  /* tgmm: the fixer warps zeroed the rows past the group */
       mbar_init(issued0 + 8 * s, 1); /* tgmm: the producer issued such a block into stage s */
     }
@@ -509,24 +438,15 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int r = 0; r < RING; ++r) {
         mbar_init(tfull0 + 8 * r, 1);
         mbar_init(tempty0 + 8 * r, 32 * (8 + (TGMM ? 3 : 0))); /* consumer, fixer threads */
-        if constexpr (MC) {
-          mbar_init(mfull0 + 8 * r, 1);
-          mbar_init(mempty0 + 8 * r, 1);
-        }
       }
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   if (!TGMM) zero_outside_rows(a, tab[0], tab[1]);
-  if constexpr (MC)
-    cluster_sync(); /* the peer's barriers exist before any multicast or remote arrive */
-  else
-    __syncthreads();
+  __syncthreads();
 
-  /* Decodes tile (MC: unit) t into (group j, first row m0, first column n0, k-blocks nk, group
-   * rows; tok: MERGE, the rows of a merged tile, else 0). MC: this CTA's tile of the unit;
-   * returns whether the pair lies along the columns (the CTAs share A) rather than along the rows
-   * (they share B). */
+  /* Decodes tile t into (group j, first row m0, first column n0, k-blocks nk, group rows; tok:
+   * MERGE, the rows of a merged tile, else 0). */
   auto decode = [&](int t, int &j, int &m0, int &n0, int &nk, int &gs, int &ge, int &tok) {
     j = find_group(tile_prefix, GL, t);
     const int u = t - tile_prefix[j];
@@ -534,7 +454,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     ge = end[j];
     const int tm = TGMM ? tiles_k : (ge - gs + BM - 1) / BM; /* row tiles of the group */
     int mt, nt;
-    bool across = false;
     tok = 0;
     if (MERGE && merged_rows(ge - gs)) {
       /* full row tiles tmn, in panels of 16; the last panel (height hl, 0..16) also holds the
@@ -553,18 +472,8 @@ __global__ void __launch_bounds__(THREADS, 1)
           n0 = nt * TBN + (q - hl) * (TBN / 2);
           nk = (a.k + BKV - 1) / BKV;
           tok = ge - m0;
-          return false;
+          return;
         }
-      }
-    } else if constexpr (MC) {
-      const int paired = tm / 2 * tiles_n;
-      if (u < paired) {
-        panel_raster(u, tm / 2, tiles_n, mt, nt);
-        mt = 2 * mt + (int)rank;
-      } else {
-        across = true;
-        mt = tm - 1;
-        nt = 2 * (u - paired) + (int)rank;
       }
     } else {
       panel_raster(u, tm, tiles_n, mt, nt);
@@ -572,7 +481,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     m0 = (TGMM ? 0 : gs) + mt * BM;
     nk = TGMM ? (ge - gs + BKV - 1) / BKV : (a.k + BKV - 1) / BKV;
     n0 = nt * TBN;
-    return across;
   };
   /* tgmm: does the last block of a tile with nk blocks over `rows` rows need zeroing? */
   auto needs_fix = [&](int nk, int rows) {
@@ -610,39 +518,24 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_arrive(tfull0 + 8 * ring_slot);
         if (++ring_slot == RING) ring_slot = 0, ring_phase ^= 1;
       };
-      /* MC: the rank-0 producer claims every unit and posts it to the rank-1 producer */
-      const bool claims = !MC || rank == 0;
-      int mslot = 0;
-      uint32_t mphase = 0;
+      int *const counter = a.counter; /* V_DYN: the tile counter, in the workspace */
       auto next_tile = [&](int t) {
         if constexpr (DYN) {
-          if (claims) {
-            t = claim;
-            if constexpr (MC) {
-              mbar_wait<true>(mempty0 + 8 * mslot, mphase ^ 1);
-              st_shared_cluster(mapa_shared(mbox0 + 4 * mslot, 1), t);
-              mbar_arrive_cluster_release(mapa_shared(mfull0 + 8 * mslot, 1));
-            }
-          } else {
-            mbar_wait<true>(mfull0 + 8 * mslot, mphase);
-            asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(t) : "r"(mbox0 + 4 * mslot) : "memory");
-            mbar_arrive_cluster_release(mapa_shared(mempty0 + 8 * mslot, 0));
-          }
-          if (MC && ++mslot == RING) mslot = 0, mphase ^= 1;
+          t = claim;
           ring_put(t);
-          if (claims && t < total_tiles) claim = ncl + atomicAdd(a.counter, 1);
+          if (t < total_tiles) claim = ncl + atomicAdd(counter, 1);
           return t;
         } else {
           return t + ncl;
         }
       };
       if constexpr (DYN) {
-        if (claims) claim = ncl + atomicAdd(a.counter, 1);
+        claim = ncl + atomicAdd(counter, 1);
         ring_put(cid);
       }
       for (int t = cid; t < total_tiles; t = next_tile(t)) {
         int j, m0, n0, nk, gs, ge, tok;
-        const bool across = decode(t, j, m0, n0, nk, gs, ge, tok);
+        decode(t, j, m0, n0, nk, gs, ge, tok);
         const bool fix = needs_fix(nk, ge - gs);
         if (MERGE && tok) {
           /* a merged tile: x rows [m0, m0 + 128) in one box, then 32-row boxes up to the rows
@@ -674,42 +567,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           if (kb == 0) SL_TR_ADD(TR_P_EMPTY0, w1 - w0);
           mbar_expect_tx(full, SBYTES);
           const uint32_t sa = stage0 + s * SBYTES, sb = sa + A_B;
-          if (MC) {
-            /* this CTA's own operand, and its half of the shared one multicast to both CTAs at
-             * the same offset: B's 128-column half (a pair of row tiles) or A's 64-row half (a
-             * pair of column blocks). A dummy (column block past N) loads the block before it: in
-             * bounds, unused. */
-            const uint16_t both = 3;
-            const int nb = n0 < a.n ? n0 : n0 - TBN;
-            if (TGMM) {
-              const int r0 = gs + kb * BK;
-              if (!across) {
-                tma_load_3d(sa, &map_a, 0, r0, m0 / 64, full);
-                tma_load_3d_mc(sb + rank * 2 * BOX_BYTES, &map_b2, 0, r0, n0 / 64 + 2 * rank, full,
-                               both);
-              } else {
-                tma_load_3d_mc(sa + rank * BOX_BYTES, &map_a2, 0, r0, m0 / 64 + rank, full, both);
-                tma_load_3d(sb, &map_b, 0, r0, nb / 64, full);
-              }
-            } else {
-              const int k0 = kb * BK;
-              if (!across) {
-                tma_load_2d(sa, &map_a, k0, m0, full);
-                if (TRANS_B)
-                  tma_load_3d_mc(sb + rank * (B_BYTES / 2), &map_b2, k0, n0 + 128 * rank, j, full,
-                                 both);
-                else
-                  tma_load_4d_mc(sb + rank * 2 * BOX_BYTES, &map_b2, 0, k0, n0 / 64 + 2 * rank, j,
-                                 full, both);
-              } else {
-                tma_load_2d_mc(sa + rank * (A_BYTES / 2), &map_a2, k0, m0 + 64 * rank, full, both);
-                if (TRANS_B)
-                  tma_load_3d(sb, &map_b, k0, nb, j, full);
-                else
-                  tma_load_4d(sb, &map_b, 0, k0, nb / 64, j, full);
-              }
-            }
-          } else if (TGMM) {
+          if (TGMM) {
             const int r0 = gs + kb * BKV;
             if (FB) {
               tma_load_3d(sa, &map_a, 0, r0, m0 / 64, full);
@@ -792,13 +650,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     float acc[128];
     int s = 0;
     uint32_t phase = 0, fixed_phase = 0; /* bit s: parity of stage s's next "fixed" phase */
-    /* Hands stage st back: to this CTA's producer, and (MC) to the peer's, which writes half of
-     * this CTA's copy of it. */
+    /* Hands stage st back to the producer. */
     auto release = [&](int st) {
-      if (lane == 0) {
-        mbar_arrive(empty0 + 8 * st);
-        if constexpr (MC) mbar_arrive_cluster(mapa_shared(empty0 + 8 * st, peer));
-      }
+      if (lane == 0) mbar_arrive(empty0 + 8 * st);
     };
     SL_TR_DECL;
     SL_TR(c_begin);
@@ -830,9 +684,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #ifdef SLUICE_SM90_TRACE
       tr_first = true;
 #endif
-      /* MC: the pair's second column block lies past N (an odd number of column blocks) */
-      const bool dummy = MC && n0 >= a.n;
-      if (dummy || (SKIP && !TGMM && cw == 1 && ge - m0 <= 64)) {
+      if (SKIP && !TGMM && cw == 1 && ge - m0 <= 64) {
         /* No row of this half is in the group: pass the stages back untouched (after the fixers,
          * who write into the last one, are done with it). */
         for (int kb = 0; kb < nk; ++kb) {
@@ -1055,16 +907,14 @@ __global__ void __launch_bounds__(THREADS, 1)
       void *out =
           TGMM ? (void *)((char *)a.out + (size_t)j * a.k * a.n * dtype_bytes(a.out_dtype)) : a.out;
       if (TMA_C && (TGMM || m0 + cw * 64 + 64 <= ge)) {
-        /* This warpgroup's 64x256 half: 4 boxes of 64x64, 128B-swizzled like the TMA map, in one
-         * pass, or (V_MD4, half the staging buffer) two passes of 2 boxes, each pass after the
-         * one before has had its store read the buffer. An f32 output is twice the bytes: twice
-         * the passes, of boxes of 64 rows x 32 columns. */
-        constexpr int NPASS = c_bytes_of(VARIANT) == C_BYTES / 2 ? 2 : 1;
-        const uint32_t cbase = c_smem + cw * (c_bytes_of(VARIANT) / 2);
+        /* This warpgroup's 64x256 half: 4 boxes of 64x64, 128B-swizzled like the TMA map, staged
+         * by stmatrix in one pass. An f32 output is twice the bytes: two passes of boxes of 64 rows
+         * x 32 columns, the second after the first's store has read the buffer. */
+        const uint32_t cbase = c_smem + cw * (C_BYTES / 2);
         auto pass = [&](auto p_c, auto f32_c) {
           constexpr int P = decltype(p_c)::value;
           constexpr bool F32 = decltype(f32_c)::value;
-          constexpr int NP = F32 ? 2 * NPASS : NPASS; /* passes */
+          constexpr int NP = F32 ? 2 : 1; /* passes */
           constexpr int PCOLS = TBN / NP, BOXC = F32 ? 32 : 64, NBOX = PCOLS / BOXC;
           constexpr int C0 = P * PCOLS / 8; /* the pass's first 8-column group */
           if (lt == 0) bulk_wait_read0(); /* the previous store has read the staging buffer */
@@ -1075,14 +925,11 @@ __global__ void __launch_bounds__(THREADS, 1)
           SL_TR_ADD(TR_EPI_BAR, x1 - x0);
           if constexpr (F32) {
             stage_f32<C0, C0 + PCOLS / 8>(acc, cbase, warp, lane);
-          } else if constexpr (AHEAD) {
-            if (a.out_dtype == SL_DTYPE_BF16)
-              stage_half_stsm<__nv_bfloat16, 128, C0, C0 + PCOLS / 8>(acc, cbase, warp, lane);
-            else
-              stage_half_stsm<__half, 128, C0, C0 + PCOLS / 8>(acc, cbase, warp, lane);
           } else {
-            static_assert(NPASS == 1 || AHEAD, "two-pass staging is written for stmatrix");
-            stage_half(acc, cbase, a.out_dtype, warp, lane);
+            if (a.out_dtype == SL_DTYPE_BF16)
+              stage_half_stsm<__nv_bfloat16>(acc, cbase, warp, lane);
+            else
+              stage_half_stsm<__half>(acc, cbase, warp, lane);
           }
           SL_TR(x2);
           SL_TR_ADD(TR_EPI_STAGE, x2 - x1);
@@ -1106,17 +953,12 @@ __global__ void __launch_bounds__(THREADS, 1)
         };
         using I0 = std::integral_constant<int, 0>;
         using I1 = std::integral_constant<int, 1>;
-        /* (f32 only where the launcher allows it: tma_c_ok, the AHEAD variants) */
-        if (AHEAD && a.out_dtype == SL_DTYPE_F32) {
+        /* (f32 only where the launcher allows it: tma_c_ok) */
+        if (a.out_dtype == SL_DTYPE_F32) {
           pass(I0{}, std::true_type{});
           pass(I1{}, std::true_type{});
-          if constexpr (NPASS == 2) {
-            pass(std::integral_constant<int, 2>{}, std::true_type{});
-            pass(std::integral_constant<int, 3>{}, std::true_type{});
-          }
         } else {
           pass(I0{}, std::false_type{});
-          if constexpr (NPASS == 2) pass(I1{}, std::false_type{});
         }
       } else {
         store_half_regs(acc, out, a.out_dtype, a.n, m0 + cw * 64, n0, row_limit, warp, lane);
@@ -1133,8 +975,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     SL_TR_ADD(TR_CONS, c_end - c_begin);
     SL_TR_STORE(cw == 0 && lt == 0);
   }
-  /* MC: neither CTA leaves while the peer may still arrive on its barriers */
-  if constexpr (MC) cluster_sync();
 #else
   (void)map_a, (void)map_b, (void)map_c, (void)a;
 #endif
@@ -1176,28 +1016,27 @@ static bool make_map(CUtensorMap *map, const void *ptr, sl_dtype dt, int rank, c
   return r == CUDA_SUCCESS;
 }
 
-/* The staged epilogue and its TMA store: 16-bit outputs, and f32 ones in the variants with the
- * stmatrix epilogue (has_ahead); every output row a multiple of 16 bytes, the output 16-byte
- * aligned. */
-static bool tma_c_ok(const GmmArgs &a, int variant) {
+/* The staged epilogue and its TMA store (has_tma_c): 16-bit and f32 outputs, every output row a
+ * multiple of 16 bytes, the output 16-byte aligned. */
+static bool tma_c_ok(const GmmArgs &a) {
   const bool half = a.out_dtype == SL_DTYPE_BF16 || a.out_dtype == SL_DTYPE_F16;
-  const bool f32 = a.out_dtype == SL_DTYPE_F32 && has_ahead(variant);
+  const bool f32 = a.out_dtype == SL_DTYPE_F32;
   return ((half && a.n % 8 == 0) || (f32 && a.n % 4 == 0)) && ((uintptr_t)a.out & 15) == 0;
 }
 
 template <typename T, bool TGMM, bool TRANS_B, int VARIANT>
 static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
-  /* ma2, mb2 (MC): the same tensors as ma, mb with the half boxes a CTA multicasts; otherwise
-   * unused copies */
+  /* ma2, mb2 (V_TM): the same tensors as ma, mb with a merged tile's boxes (32 rows of lhs, 128
+   * columns of rhs); otherwise unused copies */
   CUtensorMap ma, mb, mc, ma2, mb2;
   memset(&mc, 0, sizeof mc);
   const uint64_t M = a.m, K = a.k, N = a.n, GL = a.num_local_groups;
-  constexpr bool MC = cluster_of(VARIANT) == 2, MERGE = has_merge(VARIANT);
+  constexpr bool MERGE = has_merge(VARIANT);
   const uint32_t box64[3] = {64, 64, 1};
   bool ok;
   constexpr uint32_t BKV = bk_of(VARIANT); /* rows of a k-block */
   const uint32_t box_fa[3] = {64, BKV, 2}, box_fb[4] = {64, BKV, 4, 1};
-  const uint32_t box_fa2[3] = {64, 64, 1}, box_fb2[4] = {64, 64, 2, 1};
+  const uint32_t box_fb2[4] = {64, 64, 2, 1};
   /* the staged output's boxes: 128 bytes x 64 rows (64 16-bit or 32 f32 columns) */
   const uint64_t ob = dtype_bytes(a.out_dtype);
   const uint32_t box_c[3] = {128 / (uint32_t)ob, 64, 1};
@@ -1208,9 +1047,6 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
       const uint64_t db[3] = {64, M, N / 64}, sb[2] = {N * 2, 128};
       ok = make_map(&ma, a.lhs, a.in_dtype, 3, da, sa, box_fa) &&
            make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, box_fb);
-      if (MC)
-        ok = ok && make_map(&ma2, a.lhs, a.in_dtype, 3, da, sa, box_fa2) &&
-             make_map(&mb2, a.rhs, a.in_dtype, 3, db, sb, box_fb2);
     } else {
       const uint64_t da[2] = {K, M}, sa[1] = {K * 2}, db[2] = {N, M}, sb[1] = {N * 2};
       ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, box64) &&
@@ -1225,20 +1061,17 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     const uint32_t boxa[2] = {BKV, 128}; /* (V_K32: 64-byte rows, 64B swizzle) */
     const uint32_t boxa32[2] = {BKV, 32}; /* V_TM: a merged tile's rows past the first 128 */
     ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, boxa, BKV == 32);
-    if (MC) ok = ok && make_map(&ma2, a.lhs, a.in_dtype, 2, da, sa, box64);
     if (MERGE) ok = ok && make_map(&ma2, a.lhs, a.in_dtype, 2, da, sa, boxa32);
     if (TRANS_B) {
       const uint64_t db[3] = {K, N, GL}, sb[2] = {K * 2, N * K * 2};
       const uint32_t boxb[3] = {64, (uint32_t)BN, 1};
-      const uint32_t boxb2[3] = {64, (uint32_t)BN / 2, 1};
       ok = ok && make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, boxb);
-      if (MC) ok = ok && make_map(&mb2, a.rhs, a.in_dtype, 3, db, sb, boxb2);
     } else if (has_fused_boxes(VARIANT)) {
       /* rhs [G, K, N] as {64, K, N/64, G} (resolve_variant: N % 64 == 0) */
       const uint64_t db[4] = {64, K, N / 64, GL}, sb[3] = {N * 2, 128, K * N * 2};
       ok = ok && make_map(&mb, a.rhs, a.in_dtype, 4, db, sb, box_fb);
       /* (V_TM: a merged tile's 128 columns) */
-      if (MC || MERGE) ok = ok && make_map(&mb2, a.rhs, a.in_dtype, 4, db, sb, box_fb2);
+      if (MERGE) ok = ok && make_map(&mb2, a.rhs, a.in_dtype, 4, db, sb, box_fb2);
     } else {
       const uint64_t db[3] = {N, K, GL}, sb[2] = {N * 2, K * N * 2};
       ok = ok && make_map(&mb, a.rhs, a.in_dtype, 3, db, sb, box64);
@@ -1249,7 +1082,7 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     }
   }
   if (!ok) return SL_STATUS_UNSUPPORTED; /* the caller falls back to the portable kernel */
-  if (!MC && !MERGE) ma2 = ma, mb2 = mb;
+  if (!MERGE) ma2 = ma, mb2 = mb;
 
   if (is_dyn(VARIANT)) { /* the tile counter starts at 0 in every launch */
     const cudaError_t e = cudaMemsetAsync(a.counter, 0, sizeof(int), stream);
@@ -1265,49 +1098,12 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): %zu bytes of shared memory: %s", smem,
                         cudaGetErrorString(err));
-  constexpr int PAIR = cluster_of(VARIANT);
   const int tiles_n = (a.n + BN - 1) / BN, tiles_k = (a.k + BM - 1) / BM;
-  /* tgmm's scheduled units (a grid no larger; gmm's grid is every SM) */
-  const long long units =
-      (long long)a.num_local_groups * tgmm_units_per_group(VARIANT, tiles_k, tiles_n);
-  if (PAIR == 1) {
-    long long grid = (!TGMM || units > num_sms) ? num_sms : units;
-    if (grid < 1) grid = 1;
-    kernel<<<(unsigned)grid, THREADS, smem, stream>>>(ma, mb, mc, ma2, mb2, a);
-  } else {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = PAIR, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-    cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    /* clusters that fit at once (SMs of a cluster share a GPC), read once per kernel */
-    static int max_clusters = -1;
-    if (max_clusters < 0) {
-      cfg.gridDim = dim3(PAIR * (num_sms / PAIR));
-      int n = 0;
-      if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-        (void)cudaGetLastError();
-        n = 0;
-      }
-      max_clusters = n;
-      if (getenv("SLUICE_GMM_LOG"))
-        fprintf(stderr, "gmm (sm90, variant %d, %s): %d co-resident 2-CTA clusters, %zu B smem\n",
-                VARIANT, TGMM ? "tgmm" : "gmm", n, smem);
-    }
-    if (max_clusters < 1) return SL_STATUS_UNSUPPORTED;
-    long long ncl = max_clusters < num_sms / PAIR ? max_clusters : num_sms / PAIR;
-    if (TGMM && units < ncl) ncl = units;
-    if (ncl < 1) ncl = 1;
-    cfg.gridDim = dim3((unsigned)(PAIR * ncl));
-    err = cudaLaunchKernelEx(&cfg, kernel, ma, mb, mc, ma2, mb2, a);
-    if (err != cudaSuccess)
-      return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): cluster launch failed: %s",
-                          cudaGetErrorString(err));
-  }
+  /* tgmm's tiles (a grid no larger; gmm's grid is every SM) */
+  const long long units = (long long)a.num_local_groups * tiles_k * tiles_n;
+  long long grid = (!TGMM || units > num_sms) ? num_sms : units;
+  if (grid < 1) grid = 1;
+  kernel<<<(unsigned)grid, THREADS, smem, stream>>>(ma, mb, mc, ma2, mb2, a);
   err = cudaGetLastError();
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): launch failed: %s",
@@ -1339,19 +1135,15 @@ constexpr int kDefaultGmm = V_TM, kDefaultTgmm = V_K32;
 static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   if (variant < 0) {
     variant = tgmm ? kDefaultTgmm : kDefaultGmm;
-    if (!tma_c_ok(a, variant)) variant = V_BASE;
+    if (!tma_c_ok(a)) variant = V_BASE;
   }
-  if (!is_variant(variant) || (has_tma_c(variant) && !tma_c_ok(a, variant))) return -2;
+  if (!is_variant(variant) || (has_tma_c(variant) && !tma_c_ok(a))) return -2;
   if (is_k32(variant) && !tgmm && a.transpose_rhs) variant = V_FB; /* K-major B: 128B rows */
   /* V_TM: gmm with an N-major B and a 16-bit output (its merged epilogue) */
   if (has_merge(variant) && tgmm) variant = kDefaultTgmm;
   if (has_merge(variant) && (a.transpose_rhs || a.out_dtype == SL_DTYPE_F32)) variant = V_FB;
   if (is_dyn(variant) && a.counter == nullptr) return V_AHS; /* no workspace for the counter */
   if (has_fused_boxes(variant) && (a.n % 64 || (tgmm && a.k % 64))) return V_DYN;
-  /* V_MD4 leaves ~1 KB of the 227 KB an sm_90 CTA may have (1 KB of it static) for the group
-   * table: a bigger table in shared memory needs V_MD's 32 KB less */
-  const size_t table = a.table ? 0 : table_ints(a.num_local_groups) * sizeof(int);
-  if (variant == V_MD4 && pipe_bytes(V_MD4) + table > kMaxDynSmem) return V_MD;
   return variant;
 }
 
@@ -1359,26 +1151,12 @@ template <typename T>
 static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t s, int variant) {
   switch (variant) {
     case V_BASE: return launch_v<T, V_BASE>(a, tgmm, num_sms, s);
-    case V_TMA_C: return launch_v<T, V_TMA_C>(a, tgmm, num_sms, s);
-    case V_TMA_CS: return launch_v<T, V_TMA_CS>(a, tgmm, num_sms, s);
     case V_AHS: return launch_v<T, V_AHS>(a, tgmm, num_sms, s);
     case V_DYN: return launch_v<T, V_DYN>(a, tgmm, num_sms, s);
     case V_FB: return launch_v<T, V_FB>(a, tgmm, num_sms, s);
     case V_K32: return launch_v<T, V_K32>(a, tgmm, num_sms, s);
     case V_TM: return launch_v<T, V_TM>(a, tgmm, num_sms, s);
-    default: {
-      /* V_MD, V_MD4; clusters that cannot be placed: V_FB */
-      const sl_status st = variant == V_MD4 ? launch_v<T, V_MD4>(a, tgmm, num_sms, s)
-                                            : launch_v<T, V_MD>(a, tgmm, num_sms, s);
-      if (st != SL_STATUS_UNSUPPORTED) return st;
-      if (a.table) { /* the workspace table was built for pairs of tiles: rebuild it */
-        const int tiles_n = (a.n + BN - 1) / BN, tiles_k = (a.k + BM - 1) / BM;
-        const sl_status t = table_build_launch(a, tgmm, tgmm ? 0 : BM, tiles_n,
-                                               tgmm_units_per_group(V_FB, tiles_k, tiles_n), s);
-        if (t != SL_STATUS_SUCCESS) return t;
-      }
-      return launch_v<T, V_FB>(a, tgmm, num_sms, s);
-    }
+    default: return SL_STATUS_UNSUPPORTED; /* (resolve_variant returns only those above) */
   }
 }
 
@@ -1400,14 +1178,11 @@ sl_status sm90_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
   variant = sm90::resolve_variant(a, tgmm, variant);
   if (variant < 0) return SL_STATUS_UNSUPPORTED;
   if (a.table) {
-    /* the kernel's own table (gmm_kernel): tiles, or (V_MD) pairs of tiles */
-    const int layout = sm90::cluster_of(variant) == 2 ? kTilesPairs
-                       : sm90::has_merge(variant) && !tgmm ? kTilesMerged
-                                                           : kTilesPlain;
+    /* the kernel's own table (gmm_kernel): tiles, with V_TM's merged ones */
+    const int layout = sm90::has_merge(variant) && !tgmm ? kTilesMerged : kTilesPlain;
     const int tiles_n = (a.n + sm90::BN - 1) / sm90::BN;
     const int tiles_k = (a.k + sm90::BM - 1) / sm90::BM;
-    sl_status st = table_build_launch(a, tgmm, tgmm ? 0 : sm90::BM, tiles_n,
-                                      sm90::tgmm_units_per_group(variant, tiles_k, tiles_n),
+    sl_status st = table_build_launch(a, tgmm, tgmm ? 0 : sm90::BM, tiles_n, tiles_k * tiles_n,
                                       stream, layout);
     if (st != SL_STATUS_SUCCESS) return st;
   }

@@ -45,35 +45,24 @@ __device__ __forceinline__ uint32_t globaltimer_lo_ns() {
   asm volatile("mov.u32 %0, %%globaltimer_lo;\n" : "=r"(t));
   return t;
 }
-/* One poll of a parity wait; CLUSTER: it also acquires what other CTAs of the cluster released
- * before they arrived (the V_MD mailbox: the peer's remote store of a unit index). */
-template <bool CLUSTER>
+/* One poll of a parity wait. */
 __device__ __forceinline__ uint32_t mbar_try_wait(uint32_t bar, uint32_t parity) {
   uint32_t done;
-  if constexpr (CLUSTER)
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
-        "%2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  else
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
   return done;
 }
-template <bool CLUSTER = false>
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   if constexpr (SLUICE_SM90_WAIT_LIMIT_NS == 0) {
-    while (!mbar_try_wait<CLUSTER>(bar, parity)) {
+    while (!mbar_try_wait(bar, parity)) {
     }
   } else {
     uint32_t polls = 0, t0 = 0;
-    while (!mbar_try_wait<CLUSTER>(bar, parity)) {
+    while (!mbar_try_wait(bar, parity)) {
       if ((++polls & 255) != 0) continue;
       const uint32_t t = globaltimer_lo_ns();
       if (polls == 256)
@@ -110,64 +99,6 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void *map, int c
       "%3, %4, %5}], [%6];\n" ::"r"(dst),
       "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
-}
-
-/* 2-CTA clusters: the same box lands at the same shared-memory offset of every CTA in `mask`,
- * completing bytes on the mbarrier at the same offset in each. */
-__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const void *map, int c0, int c1,
-                                               uint32_t bar, uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
-      "cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"(map), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
-      : "memory");
-}
-__device__ __forceinline__ void tma_load_3d_mc(uint32_t dst, const void *map, int c0, int c1,
-                                               int c2, uint32_t bar, uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
-      "cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
-      : "memory");
-}
-__device__ __forceinline__ void tma_load_4d_mc(uint32_t dst, const void *map, int c0, int c1,
-                                               int c2, int c3, uint32_t bar, uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
-      "cluster [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
-      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"(mask)
-      : "memory");
-}
-/* A store to another CTA's shared memory (an address from mapa_shared), then a release arrive on
- * one of its barriers: the store is visible to whoever acquires that barrier phase. */
-__device__ __forceinline__ void st_shared_cluster(uint32_t remote_addr, int v) {
-  asm volatile("st.shared::cluster.b32 [%0], %1;\n" ::"r"(remote_addr), "r"(v) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_cluster_release(uint32_t remote_bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar)
-               : "memory");
-}
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-/* The address of this CTA's shared-memory word `addr` in CTA `rank` of the cluster. */
-__device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-/* (No .release.cluster: that compiles to a GPU-scope MEMBAR per call, which stalled every stage
- * release of the cluster kernels - Nsight Compute, dev/NOTES.md. The consumer only read the stage,
- * through wgmma, and waited for those reads, so the default .release.cta is enough.) */
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t remote_bar) {
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar) : "memory");
-}
-/* Every thread of every CTA of the cluster. */
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
-                   : "memory");
 }
 
 /* Shared-memory matrix descriptor, 128-byte swizzle (SW64: 64-byte). K-major: rows of 128 (64)

@@ -4,27 +4,22 @@
  * Build (tests/gpu/build.sh does this, into build-gpu/):
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
  *        -Iinclude -Icsrc/core dev/cuda/gmm.cu build-gpu/status.o build-gpu/gmm_cpu.o -lgomp -o gmm
- * Versions (the numbers of removed ones, 3, 5, 7, 8, 9, 10, 11, 12, 14 and 15, are not reused;
- * dev/NOTES.md has them all):
+ * Versions (the numbers of removed ones, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 21 and 22, are
+ * not reused; dev/NOTES.md has them all):
  *   1  portable: mma.sync m16n8k16, 128x256x32 tiles, 3-stage cp.async, 8 warps (sm80_gmm.cu)
  *   2  Hopper: wgmma m64n256k16 from TMA, 4-stage mbarrier pipeline, 1 producer + 2 consumer
  *      warpgroups, persistent, wait_group 0 per k-block, epilogue from registers (sm90 V_BASE)
- *   4  3 stages, one k-block of wgmma kept in flight (wait_group 1), epilogue staged in swizzled
- *      smem and written by TMA stores overlapping the next tile (V_TMA_C)
- *   6  as 4, skipping ragged-edge work: gmm tiles with <= 64 group rows leave the second
- *      consumer warpgroup idle; tgmm's last contraction block issues only the k16 steps that hold
- *      group rows (V_TMA_CS)
- *  13  as 6 with less work between tiles: the next tile decoded while the last k-block drains,
- *      scale_d = 0 instead of zeroed accumulators, the epilogue staged by stmatrix (V_AHS; the
- *      default of both ops since session 4; 12, the same without stmatrix, was removed)
+ *  13  3 stages, one k-block of wgmma kept in flight (wait_group 1), epilogue staged in swizzled
+ *      smem by stmatrix and written by TMA stores overlapping the next tile, ragged-edge work
+ *      skipped (gmm tiles with <= 64 group rows leave the second consumer warpgroup idle; tgmm's
+ *      last contraction block issues only the k16 steps that hold group rows), and less work
+ *      between tiles: the next tile decoded while the last k-block drains, scale_d = 0 instead of
+ *      zeroed accumulators (V_AHS; the default of both ops since session 4; 12, the same without
+ *      stmatrix, was removed)
  *  16  as 13 with tiles claimed at run time (an atomic counter) instead of a fixed stride, so the
  *      CTAs that share an operand stay together and read it from L2 (V_DYN)
  *  20  as 16, B (and tgmm's A) loaded with one TMA copy of a 3-d/4-d box per k-block instead of
  *      one per 64-column box (V_FB; needs N, and for tgmm K, multiples of 64, else it runs 16)
- *  21  as 20 on 2-CTA clusters with TMA multicast: pairs of row tiles that share B (the last
- *      odd row tile: pairs of column blocks that share A), each CTA loading its own operand and
- *      half of the shared one; units claimed by the rank-0 CTA and posted to its peer (V_MD)
- *  22  as 21 with 4 stages, the output staged in two 64x128 passes per warpgroup (V_MD4)
  *  25  as 20 with k-blocks of 32 rows (tgmm: contraction rows; gmm: K columns, A's 64-byte rows
  *      64B-swizzled) in 6 stages of 24 KB (V_K32, the tgmm default since session 10; gmm since
  *      session 13, not its default: a little faster in turn, slower alone; transpose_rhs runs 20)
@@ -35,14 +30,15 @@
  *  f265b23), 17-19, session 6's V_NS, V_HA, V_EW, 23-24, session 8's V_RS, V_RS4, and again 23-24,
  *  session 9's V_3W (commit 43419fc) and V_FC (6add3a9), and 26-29, session 10's V_LG2,
  *  V_LG3 (1874ec4), V_K16 and V_KS (0943536), and 34, session 13's V_TL, were measured and
- *  removed: dev/NOTES.md.)
+ *  removed: dev/NOTES.md; so were 4 and 6, V_TMA_C and V_TMA_CS (13's predecessors), and 21-22,
+ *  V_MD and V_MD4 (20 on 2-CTA clusters with TMA multicast), in session 17, in the history at
+ *  16d7722.)
  * (tgmm, all sm90 versions: rows past a group's end are zeroed by the producer warpgroup's spare
  *  warps, off the consumers' path.)
  *
  * Run: ./gmm [versions]   versions: "all", or a comma-separated list of versions to time (default
  * 35,20: 35 is the gmm default (tgmm's is 25), 20 the one before it; 1 and 2 are known slower,
- * dev/NOTES.md). HARNESS_OUT=f32 checks and times f32 outputs (versions 4 and 6 stage only 16-bit
- * outputs: skip them with HARNESS_SKIP=4,6).
+ * dev/NOTES.md). HARNESS_OUT=f32 checks and times f32 outputs.
  * The timings interleave the versions, so they share one power state: a version that draws more
  * power per flop than another is not seen here; bench/clocks_gmm.py runs each alone (session 5).
  * Every version is checked for correctness whatever the list.
@@ -266,7 +262,8 @@ int main(int argc, char **argv) {
     const int tr = kTgmm ? 0 : pr % 2, aligned = kTgmm ? pr : pr / 2;
     /* (V_TM merges the last 128 + r rows of 300, 517, 129: 172, 133 and 129 rows; none of 200) */
     std::vector<int> sizes = {300, 0, 1, 517, 129, 0, 48, 200};
-    /* K = 264: 3 row blocks of out[j] in tgmm, so a cluster pair has a dummy second tile */
+    /* K = 264: 3 row blocks of out[j] in tgmm (an odd count: written for the 2-CTA cluster
+     * variants, since removed, whose pairs then had a dummy second tile) */
     /* aligned K = 384: an even number of k-blocks, 3 row blocks of out[j] as with 264 */
     const int G = (int)sizes.size(), M = 1200, K = aligned ? 384 : 264, N = aligned ? 576 : 520;
     Problem p = make_problem(M, G, K, N, sizes, true);

@@ -6,7 +6,7 @@
 # tensor-pipe activity, DRAM bytes read, L2 traffic and hit rate (is a gap between two cases
 # cycles or clock, and does it follow the data movement?). Clocks left alone (METHOD.md).
 # Binaries from $BUILD (tests/gpu/build.sh). Example:
-#   CASES="gmm:4:dsv3-gateup-ep8:uniform tgmm:4:dsv3-gateup-ep8:uniform" dev/cuda/profile.sh
+#   CASES="gmm:35:dsv3-gateup-ep8:uniform tgmm:25:dsv3-gateup-ep8:uniform" dev/cuda/profile.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build-gpu}

@@ -4,7 +4,8 @@
 # already holds them, then runs each with its trace lines (per tile: head, waits, epilogue; the
 # producer's and the fixers' waits) after every timed case. The timings of a trace build are
 # perturbed by the counters; read its ratios to the default build's, not its TFLOP/s.
-#   VERSIONS=4,6 HARNESS_SHAPES=dsv3 dev/cuda/trace.sh     -> $OUT/trace-{gmm,tgmm}.txt
+#   VERSIONS=20,25 HARNESS_SHAPES=dsv3 dev/cuda/trace.sh   -> $OUT/trace-{gmm,tgmm}.txt
+# (without VERSIONS each harness times its default list)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 B=${TRACE_BUILD:-build-trace}
@@ -20,6 +21,6 @@ if [ ! -x "$B/tgmm" ] || [ ! -x "$B/gmm" ]; then
 fi
 export HARNESS_REPS=${HARNESS_REPS:-5}
 for h in tgmm gmm; do
-  timeout 240 "$B/$h" "${VERSIONS:-4,6}" >"$OUT/trace-$h.txt" 2>&1
+  timeout 240 "$B/$h" ${VERSIONS:+"$VERSIONS"} >"$OUT/trace-$h.txt" 2>&1
   echo "trace $h rc=$?"
 done

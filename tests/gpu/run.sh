@@ -5,7 +5,7 @@
 #   3. SLUICE_DEBUG=1: bad device sizes must come back as SL_STATUS_INVALID_VALUE
 #   4. test_wait_bound: an mbarrier wait that never completes ends the launch instead of hanging it
 # BUILD=dir picks the build folder (default build-gpu); SKIP_BUILD=1 reuses what is there.
-# VARIANTS="4 20" also runs steps 1 and 2 with SLUICE_{GMM,TGMM}_VARIANT=<v> (an sm90 kernel variant that is
+# VARIANTS="18 23" also runs steps 1 and 2 with SLUICE_{GMM,TGMM}_VARIANT=<v> (an sm90 kernel variant that is
 # not the default, sm90_gmm.cu's Variant), so a candidate passes the suite before it becomes one.
 # Logs go to $LOGS (default $BUILD/logs). Exit status: number of failed steps.
 set -uo pipefail
