@@ -23,7 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from shapes import DISTRIBUTIONS, SHAPES, group_sizes
+from shapes import DISTRIBUTIONS, group_sizes, select_shapes
 
 SL_DTYPE_BF16 = 1
 
@@ -225,7 +225,7 @@ def part_torch(args):
 
     lib = open_lib(args.lib)
     results = []
-    for shape in SHAPES:
+    for shape in select_shapes(args.shapes):
         results += bench_shape_torch(lib, shape, args)
         torch.cuda.empty_cache()
     meta = {
@@ -249,7 +249,7 @@ def part_jax(args):
     import jax.numpy as jnp
 
     results = []
-    for shape in SHAPES:
+    for shape in select_shapes(args.shapes):
         m, g, k, n = shape.m, shape.g, shape.k, shape.n
         key = jax.random.PRNGKey(0)
         k1, k2, k3 = jax.random.split(key, 3)
@@ -438,6 +438,7 @@ def main():
     )
     p.add_argument("--jax-iters", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shapes", help='"bench" (default: BENCHMARKS.md\'s four), "fine", or names')
     p.add_argument("--merge", nargs="+")
     p.add_argument("--md", default="gmm.md")
     p.add_argument("--json", default="gmm.json")

@@ -6,15 +6,22 @@
 #   2. the GPU test suite (tests/gpu/run.sh: plain, memcheck, racecheck, synccheck, initcheck,
 #      SLUICE_DEBUG, the bounded wait)
 #   3. the JAX-level GPU tests (tests/gpu/test_jax_gpu.py: sluice.gmm/tgmm through XLA's CUDA FFI)
-#   4. the benchmark (bench/run_gpu.sh: in turn with torch/cuBLAS, then ragged_dot, then each alone)
-# Results: $OUT/{gmm,sustained,resource-usage}-$STAMP.* and tests-$STAMP.txt (step lines, versions,
-# the device), all logs in $OUT/logs-$STAMP.tar.gz. STAMP defaults to <gpu>-<date>, e.g. h100-20261124.
+#   4. HARNESS="op:versions[:shapes] ..." (optional, e.g. "tgmm:25,40:dsv3proxy-gateup,dsv3-down-ep8"):
+#      each spec's dev harness (build-gpu/<op>), its versions checked then timed in turn (shapes:
+#      full names, comma-separated) -> harness-<op>-$STAMP.txt
+#   5. FINE=1 (optional): the torch part of the benchmark on bench/shapes.py's FINE_SHAPES
+#      -> gmm-fine-$STAMP.{md,json}
+#   6. the benchmark (bench/run_gpu.sh: in turn with torch/cuBLAS, then ragged_dot, then each alone;
+#      BENCH=0 leaves it out). VARIANTS="33 ..." is passed to tests/gpu/run.sh (forced variants).
+# Results: $OUT/gmm-$STAMP.{md,json}, sustained-$STAMP.md and tests-$STAMP.txt (step lines, versions,
+# the device); every log and result, resource usage included, in $OUT/logs-$STAMP.tar.gz. STAMP
+# defaults to <gpu>-<date>, e.g. h100-20261124.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/1gpu-out}
 mkdir -p "$OUT"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE 'H[0-9]+' | tr A-Z a-z)
-export STAMP=${STAMP:-${gpu:-gpu}-$(date -u +%Y%m%d)}
+export STAMP=${STAMP:-${gpu:-gpu}-$(date -u +%Y%m%d)}${STAMP_SUFFIX:-}
 export BUILD=${BUILD:-build-gpu} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 LOGS=$BUILD/logs
 mkdir -p "$LOGS"
@@ -41,8 +48,26 @@ if wait $cmake_pid; then
 else
   el "CMake build failed: $(tail -3 "$LOGS/cmake.log")"
 fi
+for spec in ${HARNESS:-}; do
+  IFS=: read -r hop hvers hshapes <<<"$spec"
+  hlog=$LOGS/harness-$hop-$STAMP.txt
+  HARNESS_SHAPES=${hshapes:-} timeout 200 "$BUILD/$hop" "$hvers" >>"$hlog" 2>&1
+  el "harness $spec: rc $? ($(tail -1 "$hlog"))"
+  cp "$hlog" "$OUT/"
+done
+mkdir -p "$LOGS/results"
+if [ "${FINE:-0}" = 1 ]; then
+  timeout 200 python3 bench/bench_gmm.py --part torch --shapes fine --lib "$BUILD/libsluice_gpu.so" \
+    --out "$LOGS/results/fine-torch.json" >"$LOGS/fine.log" 2>&1 &&
+    python3 bench/bench_gmm.py --merge "$LOGS/results/fine-torch.json" \
+      --md "$LOGS/results/gmm-fine-$STAMP.md" --json "$LOGS/results/gmm-fine-$STAMP.json" >/dev/null
+  el "fine shapes: rc $?"
+  cp "$LOGS"/results/gmm-fine-"$STAMP".* "$OUT"/ 2>/dev/null
+fi
 left=$((${BUDGET_S:-560} - $(date +%s) + t0)) # the device tool ends a call at 600 s
-SKIP_BUILD=1 RESULTS=$LOGS/results timeout $left bench/run_gpu.sh >"$LOGS/bench.log" 2>&1
-el "benchmark done (rc $?, limit $left s)"
-cp "$LOGS"/results/{gmm,sustained,resource-usage}-"$STAMP".* "$OUT"/ 2>/dev/null
+if [ "${BENCH:-1}" = 1 ] && [ $left -gt 0 ]; then
+  SKIP_BUILD=1 RESULTS=$LOGS/results timeout $left bench/run_gpu.sh >"$LOGS/bench.log" 2>&1
+  el "benchmark done (rc $?, limit $left s)"
+fi
+cp "$LOGS"/results/gmm-"$STAMP".{md,json} "$LOGS"/results/sustained-"$STAMP".md "$OUT"/ 2>/dev/null
 tar czf "$OUT/logs-$STAMP.tar.gz" -C "$BUILD" logs

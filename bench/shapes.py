@@ -27,7 +27,28 @@ SHAPES: tuple[Shape, ...] = (
     Shape("qwen3-30b-up", 65536, 128, 2048, 1536),
 )
 
+# Not in BENCHMARKS.md: the expert matmuls of the dsv3-proxy MoE layer (python/sluice/model.py: D 1024,
+# expert F 256 with gate and up fused, 256 experts, top-8) at bench_moe's 8 x 2048 tokens, the
+# fine-grained shapes a one-GPU model runs (`bench_gmm.py --shapes fine`).
+FINE_SHAPES: tuple[Shape, ...] = (
+    Shape("dsv3proxy-gateup", 131072, 256, 1024, 512),
+    Shape("dsv3proxy-down", 131072, 256, 256, 1024),
+)
+
 DISTRIBUTIONS: tuple[str, ...] = ("uniform", "skewed")
+
+
+def select_shapes(spec: str | None) -> tuple[Shape, ...]:
+    """Shapes by a comma-separated list of names, "bench" (SHAPES, the default) or "fine"."""
+    if not spec or spec == "bench":
+        return SHAPES
+    if spec == "fine":
+        return FINE_SHAPES
+    by_name = {s.name: s for s in SHAPES + FINE_SHAPES}
+    unknown = [n for n in spec.split(",") if n not in by_name]
+    if unknown:
+        raise ValueError(f"unknown shape(s) {unknown}; known: {sorted(by_name)}")
+    return tuple(by_name[n] for n in spec.split(","))
 
 
 def group_sizes(shape: Shape, distribution: str, seed: int = 0) -> np.ndarray:

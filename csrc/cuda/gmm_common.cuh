@@ -30,13 +30,16 @@ struct GmmArgs {
   int num_groups, num_local_groups;
   sl_dtype in_dtype, out_dtype;
   int transpose_rhs; /* gmm only */
+  int index_order = 0; /* tgmm, dev A/B only: hand out tiles in group order, not long groups first */
 };
 
-/* Group table layout, in ints: [lo, hi, total_tiles, pad, start[GL], end[GL], tile_prefix[GL+1]].
- * Rows [lo, hi) of lhs belong to local groups; gmm zeroes every other row of out. */
+/* Group table layout, in ints: [lo, hi, total_tiles, pad, start[GL], end[GL], tile_prefix[GL+1],
+ * order[GL]]. Rows [lo, hi) of lhs belong to local groups; gmm zeroes every other row of out.
+ * order (tgmm only): the local groups in the order in which sm90 hands out their tiles, those
+ * of more than twice the mean rows first (build_group_table). */
 constexpr int kTableHeader = 4;
 __host__ __device__ inline int table_ints(int num_local_groups) {
-  return kTableHeader + 3 * num_local_groups + 1;
+  return kTableHeader + 4 * num_local_groups + 1;
 }
 
 /* Groups whose table fits in shared memory next to the pipeline; more need the workspace. */
@@ -144,6 +147,70 @@ __device__ inline void build_group_table(const GmmArgs &a, int *tab, int bm, int
   if (threadIdx.x == 0) {
     tile_prefix[0] = 0;
     tab[2] = (int)min(carry, (long long)INT32_MAX);
+  }
+
+  /* tgmm: a tile's cost grows with its group's rows, and tiles are handed out in table order, so a
+   * long group late in the order leaves a few SMs working alone at the end (measured: 0.74x on
+   * skewed sizes with 256 groups of ~512 rows). order[] puts the groups of more than twice the mean
+   * rows first, longest first by size class (2 classes per power of two: sizes within 1.5x share
+   * one), then all the others in index order: reordering groups of similar sizes measured ~1-2%
+   * slower on 256 groups (dev/NOTES.md, session 18), so they keep the order of their rows. Every
+   * CTA that builds the table in its own shared memory must get the same order: a stable counting
+   * sort (class counts, the classes' first positions by one warp's scan, then warp 0 places the
+   * long groups 32 at a time in index order; skipped when there is none). */
+  if (bm <= 0) {
+    constexpr int kClasses = 64; /* class 0: the groups of at most twice the mean */
+    __shared__ int class_next[kClasses];
+    int *order = tile_prefix + GL + 1;
+    const long long local_rows = (long long)tab[1] - tab[0];
+    const unsigned long long limit =
+        a.index_order ? ~0ull : GL > 0 ? (unsigned long long)(2 * local_rows / GL) : 0;
+    auto size_class = [&](int j) { /* 0 up to the limit, else 1..61: longer, higher */
+      const unsigned r = (unsigned)(end[j] - start[j]);
+      if (r <= limit) return 0;
+      const int b = 31 - __clz(r); /* 0..30; r > limit >= 0, so r >= 1 */
+      return b == 0 ? 1 : 2 * b + (int)((r >> (b - 1)) & 1);
+    };
+    for (int c = threadIdx.x; c < kClasses; c += blockDim.x) class_next[c] = 0;
+    __syncthreads();
+    for (int j = threadIdx.x; j < GL; j += blockDim.x) {
+      const int c = size_class(j);
+      if (c > 0) atomicAdd(&class_next[c], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) { /* first position of each class, the longest class first */
+      const int lane = threadIdx.x, hi_c = kClasses - 1 - 2 * lane; /* classes hi_c, hi_c - 1 */
+      const int n_hi = class_next[hi_c], n_lo = class_next[hi_c - 1];
+      int incl = n_hi + n_lo;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += t;
+      }
+      const int excl = incl - n_hi - n_lo;
+      class_next[hi_c] = excl;
+      class_next[hi_c - 1] = excl + n_hi; /* lane 31: class 0 starts after every long group */
+    }
+    __syncthreads();
+    const int long_groups = class_next[0]; /* where class 0 starts */
+    __syncthreads(); /* (warp 0 moves class_next[0] on below) */
+    if (long_groups == 0) { /* no long group: index order */
+      for (int j = threadIdx.x; j < GL; j += blockDim.x) order[j] = j;
+    } else if (threadIdx.x < 32) {
+      const int lane = threadIdx.x;
+      for (int base = 0; base < GL; base += 32) {
+        const int j = base + lane;
+        const bool valid = j < GL;
+        const int c = valid ? size_class(j) : -1 - lane; /* (a lane past GL matches no other) */
+        const unsigned peers = __match_any_sync(0xffffffffu, c);
+        const int rank = __popc(peers & ((1u << lane) - 1)); /* earlier lanes of its class */
+        const int pos = valid ? class_next[c] + rank : 0;
+        __syncwarp();
+        if (valid && rank == 0) class_next[c] += __popc(peers);
+        __syncwarp();
+        if (valid) order[pos] = j;
+      }
+    }
   }
   __syncthreads();
 }

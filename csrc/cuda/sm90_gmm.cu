@@ -426,6 +426,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   const int GL = a.num_local_groups;
   const int *start = tab + kTableHeader, *end = start + GL, *tile_prefix = end + GL;
+  const int *order = tile_prefix + GL + 1; /* tgmm: long groups first (build_group_table) */
   const int total_tiles = tab[2];
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -448,8 +449,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   /* Decodes tile t into (group j, first row m0, first column n0, k-blocks nk, group rows; tok:
    * MERGE, the rows of a merged tile, else 0). */
   auto decode = [&](int t, int &j, int &m0, int &n0, int &nk, int &gs, int &ge, int &tok) {
-    j = find_group(tile_prefix, GL, t);
-    const int u = t - tile_prefix[j];
+    const int r = find_group(tile_prefix, GL, t); /* tgmm: the r-th group of order[] */
+    j = TGMM ? order[r] : r;
+    const int u = t - tile_prefix[r];
     gs = start[j];
     ge = end[j];
     const int tm = TGMM ? tiles_k : (ge - gs + BM - 1) / BM; /* row tiles of the group */
@@ -1129,12 +1131,14 @@ static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
 
 /* The variant that runs: `variant` if given (-1: the default for these arguments), or
  * SL_STATUS_UNSUPPORTED's -2 when the given one cannot run them. */
-/* The defaults for 16-bit outputs (dev/NOTES.md has the measurements behind them). */
-constexpr int kDefaultGmm = V_TM, kDefaultTgmm = V_K32;
+/* The defaults for 16-bit outputs (dev/NOTES.md has the measurements behind them). V_TM's merged
+ * tiles pay only over a long contraction: on the fine-grained experts' shapes (K 1024 and 256, 256
+ * groups of ~512 rows) V_FB measured 1.00-1.08x of V_TM (session 18), so shorter K runs V_FB. */
+constexpr int kDefaultGmm = V_TM, kDefaultTgmm = V_K32, kMergeMinK = 2048;
 
 static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   if (variant < 0) {
-    variant = tgmm ? kDefaultTgmm : kDefaultGmm;
+    variant = tgmm ? kDefaultTgmm : a.k < kMergeMinK ? V_FB : kDefaultGmm;
     if (!tma_c_ok(a)) variant = V_BASE;
   }
   if (!is_variant(variant) || (has_tma_c(variant) && !tma_c_ok(a))) return -2;

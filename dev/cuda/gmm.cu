@@ -26,6 +26,8 @@
  *  35  (gmm) as 20, with a group's last 128 + r rows (r = 1..64) as two transposed "merged" tiles
  *      per 256 columns (the rows as the wgmma's N: 160 or 192) instead of a full tile and an
  *      edge tile (V_TM; transpose_rhs and f32 outputs run 20, tgmm 25)
+ *  40  not a kernel: the library's default with tgmm's tiles handed out in group index order, as
+ *      before session 18, instead of long groups first (build_group_table's order)
  * (7, the ping-pong V_PP (session 2; 3-11% slower, removed in session 12, in the history at
  *  f265b23), 17-19, session 6's V_NS, V_HA, V_EW, 23-24, session 8's V_RS, V_RS4, and again 23-24,
  *  session 9's V_3W (commit 43419fc) and V_FC (6add3a9), and 26-29, session 10's V_LG2,
@@ -76,13 +78,23 @@ static const bool kTgmm = HARNESS_TGMM;
 /* HARNESS_OUT=f32: time (and check) f32 outputs instead of bf16 ones */
 static const bool kOutF32 = getenv("HARNESS_OUT") && !strcmp(getenv("HARNESS_OUT"), "f32");
 static const size_t kOutBytes = kOutF32 ? 4 : 2;
-static const int kVersions = 35;
+static const int kVersions = 40;
+/* Not a kernel variant: the default one with tgmm's tiles handed out in group order instead of
+ * long groups first (session 18's A/B of that order; gmm: the default as it is). */
+static const int kIndexOrder = 40;
 /* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
  * removed ones are not reused) */
-static bool version_exists(int v) { return v == 1 || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2)); }
+static bool version_exists(int v) {
+  return v == 1 || v == kIndexOrder || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2));
+}
 
 static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
   if (v == 1) return sluice_cuda::sm80_gmm_launch(a, kTgmm, sms, 0);
+  if (v == kIndexOrder) { /* the library's default, tgmm tiles in group order */
+    sluice_cuda::GmmArgs b = a;
+    b.index_order = 1;
+    return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
+  }
   return sluice_cuda::sm90_gmm_launch(a, kTgmm, sms, 0, v - 2);
 }
 
@@ -315,11 +327,15 @@ int main(int argc, char **argv) {
   struct Shape {
     const char *name;
     int m, g, k, n;
+    bool named_only; /* timed only when HARNESS_SHAPES names it */
   };
   const Shape shapes[] = {{"dsv3-gateup-ep8", 32768, 32, 7168, 4096},
                           {"dsv3-down-ep8", 32768, 32, 2048, 7168},
                           {"mixtral-up", 16384, 8, 4096, 14336},
-                          {"qwen3-30b-up", 65536, 128, 2048, 1536}};
+                          {"qwen3-30b-up", 65536, 128, 2048, 1536},
+                          /* the dsv3-proxy MoE layer's expert matmuls (bench/shapes.py FINE_SHAPES) */
+                          {"dsv3proxy-gateup", 131072, 256, 1024, 512, true},
+                          {"dsv3proxy-down", 131072, 256, 256, 1024, true}};
   const char *modes[] = {"uniform", "ragged", "skewed", "halves"};
   /* HARNESS_SHAPES / HARNESS_MODES (substrings of the names) and HARNESS_REPS narrow the timing,
    * with HARNESS_NOCHECK=1 (no correctness pass) for a profiler: each version then runs 2 warm-up
@@ -331,7 +347,7 @@ int main(int argc, char **argv) {
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   for (const Shape &sh : shapes) {
-    if (only_shapes && !strstr(only_shapes, sh.name)) continue;
+    if ((only_shapes || sh.named_only) && !(only_shapes && strstr(only_shapes, sh.name))) continue;
     for (const char *mode : modes) {
       if (only_modes && !strstr(only_modes, mode)) continue;
       std::vector<int> sizes = sizes_for(mode, sh.m, sh.g);

@@ -333,12 +333,33 @@ int main(int argc, char **argv) {
      * issues 1-3 k16 steps (sm90 variants with the ragged-edge skips) */
     cases.push_back(make(nm("16-row group ends"), tg, 400, 136, 264, {48, 96, 16, 200, 32}));
     cases.push_back(make(nm("G=256 random"), tg, 3000, 128, 136, random_sizes(256, 2900)));
+    {
+      /* sizes rising to the longest group last: sm90 tgmm hands out the tiles of groups of more
+       * than twice the mean rows first, longest first (build_group_table's order; here groups
+       * 32-39, in four size classes), then the rest in index order */
+      std::vector<int> sz(40);
+      int tot = 0;
+      for (int g = 0; g < 40; ++g) tot += sz[g] = g < 39 ? (g < 30 ? 3 * g : 120 * (g - 29)) : 1500;
+      cases.push_back(make(nm("sizes rising, longest last"), tg, tot + 11, 136, 264, sz));
+    }
+    {
+      /* the same order built by the table kernel (more local groups than the shared-memory
+       * table holds): every 37th group long, the rest small */
+      std::vector<int> sz = random_sizes(300, 1500);
+      int tot = 1500;
+      for (int g = 5; g < 300; g += 37) tot += (sz[g] += 40 + 3 * g);
+      cases.push_back(make(nm("G_local=300 long groups (workspace)"), tg, tot, 64, 136, sz));
+    }
     /* sm90 V_TM's merged edges: last 128 + r rows of 129..192 (wgmma N 160, 192), one group
      * with full row tiles before them (552), one whose edge of 96 rows is not merged (224), the
      * second column block's second half past N = 320, K off the k-block size, and the last
-     * group ending at M */
+     * group ending at M (at K 264 gmm's default is V_FB: V_TM runs here when forced,
+     * tests/gpu/run.sh VARIANTS=33) */
     cases.push_back(make(nm("merged edge rows"), tg, 1554, 264, 320,
                          {129, 160, 161, 192, 0, 224, 552, 136}));
+    /* the same at K >= 2048, where V_TM is gmm's default (shorter K runs V_FB unless forced) */
+    cases.push_back(
+        make(nm("merged edge rows, K 2056"), tg, 760, 2056, 320, {129, 0, 160, 192, 219}));
     cases.push_back(
         make(nm("group_offset 3 of 8, 4 local"), tg, 1200, 64, 256, random_sizes(8, 1100), 4, 3));
     cases.push_back(
@@ -429,7 +450,8 @@ int main(int argc, char **argv) {
           c.name.find("even k-blocks") != std::string::npos ||
           c.name.find("f32 out, ") != std::string::npos ||
           c.name.find("K % 32") != std::string::npos ||
-          c.name.find("workspace") != std::string::npos)
+          c.name.find("workspace") != std::string::npos ||
+          c.name.find("longest last") != std::string::npos)
         keep.push_back(c);
     cases = keep;
   }
