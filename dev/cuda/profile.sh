@@ -14,14 +14,14 @@ OUT=${OUT:-/tmp/profile-out}
 mkdir -p "$OUT"
 for c in ${CASES:?}; do
   IFS=: read -r op v shape sizes <<<"$c"
-  name="ncu-$op-v$v-${shape%%-*}-$sizes"
+  name="ncu-$op-v$v-$shape-$sizes"
   HARNESS_NOCHECK=1 HARNESS_SHAPES=$shape HARNESS_MODES=$sizes HARNESS_REPS=1 \
     timeout 300 ncu --clock-control none --kernel-name regex:gmm_kernel --launch-skip 2 --launch-count 1 --set full \
     --metrics dram__bytes_read.sum,lts__t_bytes.sum --import-source no -f -o "/tmp/$name" "$BUILD/$op" "$v" >"/tmp/$name.log" 2>&1
   echo "$c: ncu rc=$?"
   ncu --import "/tmp/$name.ncu-rep" --print-details all >"$OUT/$name.txt" 2>&1
   echo "== $c" >>"$OUT/ncu-summary.txt"
-  grep -E "^ +(Duration|Elapsed Cycles |Tensor \(All\)|L2 Hit Rate |dram__bytes_read.sum |lts__t_bytes.sum |SM Frequency)" \
+  grep -E "^ +(Duration|Elapsed Cycles |Tensor \(All\)|L2 Hit Rate |dram__bytes_read.sum |lts__t_bytes.sum |SM Frequency|Memory Throughput|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput)" \
     "$OUT/$name.txt" | awk '{$1=$1; if (!seen[$0]++) print "  " $0}' >>"$OUT/ncu-summary.txt"
   if [ "${SOURCE:-0}" = 1 ]; then
     ncu --import "/tmp/$name.ncu-rep" --page source --print-source sass --csv >"$OUT/$name-sass.csv" 2>&1
