@@ -30,7 +30,7 @@ struct GmmArgs {
   int num_groups, num_local_groups;
   sl_dtype in_dtype, out_dtype;
   int transpose_rhs; /* gmm only */
-  int index_order = 0; /* tgmm, dev A/B only: hand out tiles in group order, not long groups first */
+  int index_order = 0; /* tgmm, dev A/B only: tiles in group order, not long groups first */
 };
 
 /* Group table layout, in ints: [lo, hi, total_tiles, pad, start[GL], end[GL], tile_prefix[GL+1],

@@ -109,7 +109,7 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * (tgmm). Needs the split dimension to be a multiple of 64 (else the view would alias the next
  * row instead of zero-filling): otherwise V_DYN runs. The default of both ops since session 6 (of
  * gmm only since session 10, where V_K32 took tgmm; since session 14 the gmm default where V_TM
- * does not apply: transpose_rhs, f32 outputs):
+ * does not apply: transpose_rhs, f32 outputs, and since session 18 K < 2048):
  * gmm level with V_DYN (0.99-1.01x), tgmm +0.2-1.8% in all 16 harness cases (2026-11-24). */
 /* V_MD, V_MD4 (19, 20: V_FB on 2-CTA clusters with TMA multicast of the shared operand, V_MD4 with
  * a fourth stage: L2 traffic -23%, +1-3% alone, 0.95-1.0x of V_FB in turn; in the history at
@@ -148,7 +148,7 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * of V_FB by case (geomean 1.002-1.004x in two harness calls; ragged sizes +0.5..+1.9%, tile
  * multiples level, qwen3 "halves" -2..-3%), alone under sustained load +0.3..+1.9% on 7 of the 8
  * bench cases; bench gmm/torch 1.12-1.13x against 1.12x. The gmm default since session 14
- * (transpose_rhs and f32 outputs run V_FB). */
+ * (transpose_rhs, f32 outputs and, since session 18, K < 2048 run V_FB: resolve_variant). */
 __host__ __device__ constexpr bool has_merge(int v) { return v == V_TM; }
 __host__ __device__ constexpr bool is_k32(int v) { return v == V_K32; }
 __host__ __device__ constexpr bool has_fused_boxes(int v) {

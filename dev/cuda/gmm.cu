@@ -333,7 +333,7 @@ int main(int argc, char **argv) {
                           {"dsv3-down-ep8", 32768, 32, 2048, 7168},
                           {"mixtral-up", 16384, 8, 4096, 14336},
                           {"qwen3-30b-up", 65536, 128, 2048, 1536},
-                          /* the dsv3-proxy MoE layer's expert matmuls (bench/shapes.py FINE_SHAPES) */
+                          /* the dsv3-proxy MoE layer's expert matmuls (bench/shapes.py) */
                           {"dsv3proxy-gateup", 131072, 256, 1024, 512, true},
                           {"dsv3proxy-down", 131072, 256, 256, 1024, true}};
   const char *modes[] = {"uniform", "ragged", "skewed", "halves"};
