@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/1gpu-out}
 mkdir -p "$OUT"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE 'H[0-9]+' | tr A-Z a-z)
-export STAMP=${STAMP:-${gpu:-gpu}-$(date -u +%Y%m%d)}${STAMP_SUFFIX:-}
+export STAMP=${STAMP:-${gpu:-gpu}-$(date -u +%Y%m%d)}
 export BUILD=${BUILD:-build-gpu} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 LOGS=$BUILD/logs
 mkdir -p "$LOGS"

@@ -156,7 +156,7 @@ __device__ inline void build_group_table(const GmmArgs &a, int *tab, int bm, int
    * one), then all the others in index order: reordering groups of similar sizes measured ~1-2%
    * slower on 256 groups (dev/NOTES.md, session 18), so they keep the order of their rows. Every
    * CTA that builds the table in its own shared memory must get the same order: a stable counting
-   * sort (class counts, the classes' first positions by one warp's scan, then warp 0 places the
+   * sort (class counts, the classes' first positions by a block scan, then warp 0 places the
    * long groups 32 at a time in index order; skipped when there is none). */
   if (bm <= 0) {
     constexpr int kClasses = 64; /* class 0: the groups of at most twice the mean */
@@ -178,18 +178,12 @@ __device__ inline void build_group_table(const GmmArgs &a, int *tab, int bm, int
       if (c > 0) atomicAdd(&class_next[c], 1);
     }
     __syncthreads();
-    if (threadIdx.x < 32) { /* first position of each class, the longest class first */
-      const int lane = threadIdx.x, hi_c = kClasses - 1 - 2 * lane; /* classes hi_c, hi_c - 1 */
-      const int n_hi = class_next[hi_c], n_lo = class_next[hi_c - 1];
-      int incl = n_hi + n_lo;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int t = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += t;
-      }
-      const int excl = incl - n_hi - n_lo;
-      class_next[hi_c] = excl;
-      class_next[hi_c - 1] = excl + n_hi; /* lane 31: class 0 starts after every long group */
+    { /* first position of each class, the longest class first (thread t: class 63 - t; every
+       * caller has at least 64 threads); class 0 starts after every long group */
+      const int c = kClasses - 1 - (int)threadIdx.x;
+      const long long n = c >= 0 ? class_next[c] : 0;
+      const long long excl = block_inclusive_scan(n, warp_sums) - n; /* (syncs: reads first) */
+      if (c >= 0) class_next[c] = (int)excl;
     }
     __syncthreads();
     const int long_groups = class_next[0]; /* where class 0 starts */
