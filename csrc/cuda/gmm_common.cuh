@@ -24,13 +24,16 @@ struct GmmArgs {
   void *out;
   const int32_t *group_sizes;  /* device int32 [num_groups] */
   const int32_t *group_offset; /* device int32 [1] or NULL */
-  int *table;                  /* device workspace for the group table, or NULL: built in smem */
+  int *table;                  /* the group table in global memory (the workspace), or NULL: each
+                                * CTA builds it in shared memory (launchers: place_table) */
   int *counter;                /* device int in the workspace (sm90 V_DYN's tile counter) or NULL */
   int m, k, n;
   int num_groups, num_local_groups;
   sl_dtype in_dtype, out_dtype;
   int transpose_rhs; /* gmm only */
   int index_order = 0; /* tgmm, dev A/B only: tiles in group order, not long groups first */
+  int table_in_ws = 0; /* dev A/B only: the group table in the workspace even where it would fit
+                        * in shared memory (place_table) */
 };
 
 /* Group table layout, in ints: [lo, hi, total_tiles, pad, start[GL], end[GL], tile_prefix[GL+1],
@@ -41,9 +44,6 @@ constexpr int kTableHeader = 4;
 __host__ __device__ inline int table_ints(int num_local_groups) {
   return kTableHeader + 4 * num_local_groups + 1;
 }
-
-/* Groups whose table fits in shared memory next to the pipeline; more need the workspace. */
-constexpr int kSmemTableMaxGroups = 256;
 
 /* sm90 V_TM: a gmm group of s rows whose last row tile is partial with at most 64 rows, and that
  * has a full tile before it, takes its last 128 + s % 128 rows (129..192) as merged tiles, two
@@ -276,8 +276,14 @@ __device__ inline void zero_outside_rows(const GmmArgs &a, int lo, int hi) {
 /* Launchers. Each returns SL_STATUS_SUCCESS or a status with sl_set_error called. */
 sl_status sm80_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t stream);
 sl_status naive_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t stream);
-sl_status table_build_launch(const GmmArgs &a, bool tgmm, int bm, int tiles_n, int tiles_per_group,
-                             cudaStream_t stream, int layout = kTilesPlain);
+/* Where a launch's group table goes. In shared memory, after the kernel's `pipe_bytes`, when
+ * the device's per-block limit (less the kernel's static shared memory) leaves room for it: then
+ * b->table = NULL and *smem = pipe_bytes + the table. Otherwise in the workspace a.table, where
+ * table_kernel builds it now (bm, tiles_n, tiles_per_group, layout: build_group_table's), and
+ * *smem = pipe_bytes; with no workspace, an error naming `who`. b = a, then the choice. */
+sl_status place_table(const GmmArgs &a, GmmArgs *b, const void *kernel, size_t pipe_bytes, int bm,
+                      int tiles_n, int tiles_per_group, int layout, cudaStream_t stream,
+                      size_t *smem, const char *who);
 /* Returns SL_STATUS_UNSUPPORTED (without setting an error) when the case is not covered.
  * variant: -1 picks the fastest that applies; a sm90_gmm.cu Variant number forces one (tests,
  * dev harness). */

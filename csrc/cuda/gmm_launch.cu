@@ -144,13 +144,6 @@ sl_status run(const char *op, bool tgmm, const sl_gmm_desc *d, const void *lhs, 
   DeviceInfo dev;
   st = current_device(&dev, op);
   if (st != SL_STATUS_SUCCESS) return st;
-  const bool big_table = GL > (size_t)sluice_cuda::kSmemTableMaxGroups;
-  if (big_table && workspace == NULL)
-    return sl_set_error(
-        SL_STATUS_INVALID_ARGUMENT,
-        "%s: %zu local groups need a workspace of sl_gmm_cuda_workspace_size() = %zu "
-        "bytes (more than %d groups do not fit in shared memory)",
-        op, GL, table_bytes(d), sluice_cuda::kSmemTableMaxGroups);
   cudaStream_t stream = (cudaStream_t)stream_ptr;
   const size_t in_bytes = sluice_cuda::dtype_bytes(d->lhs_dtype);
   const size_t out_bytes = sluice_cuda::dtype_bytes(d->out_dtype);
@@ -165,7 +158,8 @@ sl_status run(const char *op, bool tgmm, const sl_gmm_desc *d, const void *lhs, 
     a.out = (char *)out + b * out_stride;
     a.group_sizes = group_sizes + b * G;
     a.group_offset = group_offset ? group_offset + b : NULL;
-    a.table = big_table ? (int *)workspace : NULL;
+    /* the group table's place if it does not fit in shared memory (the launchers decide) */
+    a.table = (int *)workspace;
     /* after the table: the sm90 kernel's tile counter (zeroed by its launcher before each use) */
     a.counter = workspace ? (int *)((char *)workspace + table_bytes(d)) : NULL;
     a.m = (int)M, a.k = (int)K, a.n = (int)N;

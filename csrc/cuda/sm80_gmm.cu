@@ -302,20 +302,25 @@ template <typename T, bool TGMM, bool TRANS_B, bool VEC>
 sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   using L = Layout<TGMM, TRANS_B>;
   auto kernel = gmm_kernel<T, TGMM, TRANS_B, VEC>;
-  const size_t smem = L::PIPE_BYTES + (a.table ? 0 : table_ints(a.num_local_groups) * sizeof(int));
+  const int tiles_n = (a.n + BN - 1) / BN, tiles_k = (a.k + BM - 1) / BM;
+  GmmArgs b;
+  size_t smem;
+  sl_status st = place_table(a, &b, (const void *)kernel, L::PIPE_BYTES, TGMM ? 0 : BM, tiles_n,
+                             tiles_k * tiles_n, kTilesPlain, stream, &smem,
+                             TGMM ? "tgmm (sm80)" : "gmm (sm80)");
+  if (st != SL_STATUS_SUCCESS) return st;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm80): %zu bytes of shared memory: %s", smem,
                         cudaGetErrorString(err));
   /* Upper bound on tiles without reading device sizes; the grid is persistent anyway. */
-  const long long tiles_n = (a.n + BN - 1) / BN;
-  long long tiles = TGMM ? (long long)a.num_local_groups * ((a.k + BM - 1) / BM) * tiles_n
-                         : ((a.m + BM - 1) / BM + a.num_local_groups) * tiles_n;
+  long long tiles = TGMM ? (long long)a.num_local_groups * tiles_k * tiles_n
+                         : ((long long)(a.m + BM - 1) / BM + a.num_local_groups) * tiles_n;
   long long grid = tiles < num_sms ? tiles : num_sms;
   if (!TGMM && a.m > 0 && grid < num_sms) grid = num_sms; /* zeroing rows needs the whole grid */
   if (grid < 1) grid = 1;
-  kernel<<<(unsigned)grid, THREADS, smem, stream>>>(a);
+  kernel<<<(unsigned)grid, THREADS, smem, stream>>>(b);
   err = cudaGetLastError();
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm80): launch failed: %s",
@@ -339,14 +344,38 @@ sl_status launch_t(const GmmArgs &a, bool tgmm, bool vec, int num_sms, cudaStrea
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-sl_status table_build_launch(const GmmArgs &a, bool tgmm, int bm, int tiles_n, int tiles_per_group,
-                             cudaStream_t stream, int layout) {
-  (void)tgmm;
-  sm80::table_kernel<<<1, 1024, 0, stream>>>(a, bm, tiles_n, tiles_per_group, layout);
-  cudaError_t err = cudaGetLastError();
+sl_status place_table(const GmmArgs &a, GmmArgs *b, const void *kernel, size_t pipe_bytes, int bm,
+                      int tiles_n, int tiles_per_group, int layout, cudaStream_t stream,
+                      size_t *smem, const char *who) {
+  *b = a;
+  const size_t table = (size_t)table_ints(a.num_local_groups) * sizeof(int);
+  int dev = 0, limit = 0;
+  cudaFuncAttributes fa;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&fa, kernel);
   if (err != cudaSuccess)
-    return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm: group table launch failed: %s",
+    return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: shared memory limits: %s", who,
                         cudaGetErrorString(err));
+  if (fa.sharedSizeBytes + pipe_bytes + table <= (size_t)limit && !(a.table_in_ws && a.table)) {
+    b->table = nullptr; /* each CTA builds it in its shared memory */
+    *smem = pipe_bytes + table;
+    return SL_STATUS_SUCCESS;
+  }
+  if (a.table == nullptr)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "%s: the group table of %d local groups (%zu bytes) does not fit in "
+                        "shared memory beside the kernel's own %zu bytes (this device allows %d "
+                        "per block); pass a workspace of sl_gmm_cuda_workspace_size() bytes",
+                        who, a.num_local_groups, table, (size_t)fa.sharedSizeBytes + pipe_bytes,
+                        limit);
+  sm80::table_kernel<<<1, 1024, 0, stream>>>(a, bm, tiles_n, tiles_per_group, layout);
+  err = cudaGetLastError();
+  if (err != cudaSuccess)
+    return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: group table launch failed: %s", who,
+                        cudaGetErrorString(err));
+  *smem = pipe_bytes;
   return SL_STATUS_SUCCESS;
 }
 
@@ -354,30 +383,23 @@ sl_status sm80_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
   /* 16-byte cp.async needs every operand row to start on 16 bytes. */
   const bool vec = aligned16(a.lhs) && aligned16(a.rhs) && a.k % 8 == 0 &&
                    ((!tgmm && a.transpose_rhs) || a.n % 8 == 0);
-  GmmArgs b = a;
-  if (b.table) {
-    const int tiles_n = (a.n + sm80::BN - 1) / sm80::BN, tiles_k = (a.k + sm80::BM - 1) / sm80::BM;
-    sl_status st =
-        table_build_launch(b, tgmm, tgmm ? 0 : sm80::BM, tiles_n, tiles_k * tiles_n, stream);
-    if (st != SL_STATUS_SUCCESS) return st;
-  }
   if (a.in_dtype == SL_DTYPE_BF16)
-    return sm80::launch_t<__nv_bfloat16>(b, tgmm, vec, num_sms, stream);
-  if (a.in_dtype == SL_DTYPE_F16) return sm80::launch_t<__half>(b, tgmm, vec, num_sms, stream);
+    return sm80::launch_t<__nv_bfloat16>(a, tgmm, vec, num_sms, stream);
+  if (a.in_dtype == SL_DTYPE_F16) return sm80::launch_t<__half>(a, tgmm, vec, num_sms, stream);
   return naive_gmm_launch(a, tgmm, num_sms, stream);
 }
 
 sl_status naive_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t stream) {
-  if (a.table) {
-    sl_status st = table_build_launch(a, tgmm, tgmm ? 0 : 1, 1, 1, stream);
-    if (st != SL_STATUS_SUCCESS) return st;
-  }
-  const size_t smem = a.table ? 0 : table_ints(a.num_local_groups) * sizeof(int);
   auto kernel = tgmm ? sm80::naive_kernel<true> : sm80::naive_kernel<false>;
+  GmmArgs b;
+  size_t smem;
+  sl_status st = place_table(a, &b, (const void *)kernel, 0, tgmm ? 0 : 1, 1, 1, kTilesPlain,
+                             stream, &smem, tgmm ? "tgmm (f32)" : "gmm (f32)");
+  if (st != SL_STATUS_SUCCESS) return st;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err == cudaSuccess) {
-    kernel<<<num_sms * 8, 256, smem, stream>>>(a);
+    kernel<<<num_sms * 8, 256, smem, stream>>>(b);
     err = cudaGetLastError();
   }
   if (err != cudaSuccess)

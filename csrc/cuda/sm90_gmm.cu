@@ -1093,19 +1093,24 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
                           cudaGetErrorString(e));
   }
   auto kernel = gmm_kernel<T, TGMM, TRANS_B, VARIANT>;
-  const size_t smem =
-      pipe_bytes(VARIANT) + (a.table ? 0 : table_ints(a.num_local_groups) * sizeof(int));
+  const int tiles_n = (a.n + BN - 1) / BN, tiles_k = (a.k + BM - 1) / BM;
+  /* the table's units: tiles, with V_TM's merged ones */
+  GmmArgs b;
+  size_t smem;
+  sl_status st = place_table(a, &b, (const void *)kernel, pipe_bytes(VARIANT), TGMM ? 0 : BM,
+                             tiles_n, tiles_k * tiles_n, MERGE ? kTilesMerged : kTilesPlain,
+                             stream, &smem, TGMM ? "tgmm (sm90)" : "gmm (sm90)");
+  if (st != SL_STATUS_SUCCESS) return st;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): %zu bytes of shared memory: %s", smem,
                         cudaGetErrorString(err));
-  const int tiles_n = (a.n + BN - 1) / BN, tiles_k = (a.k + BM - 1) / BM;
   /* tgmm's tiles (a grid no larger; gmm's grid is every SM) */
   const long long units = (long long)a.num_local_groups * tiles_k * tiles_n;
   long long grid = (!TGMM || units > num_sms) ? num_sms : units;
   if (grid < 1) grid = 1;
-  kernel<<<(unsigned)grid, THREADS, smem, stream>>>(ma, mb, mc, ma2, mb2, a);
+  kernel<<<(unsigned)grid, THREADS, smem, stream>>>(ma, mb, mc, ma2, mb2, b);
   err = cudaGetLastError();
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): launch failed: %s",
@@ -1181,15 +1186,6 @@ sl_status sm90_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
   if (!sm90_gmm_supports(a, tgmm)) return SL_STATUS_UNSUPPORTED;
   variant = sm90::resolve_variant(a, tgmm, variant);
   if (variant < 0) return SL_STATUS_UNSUPPORTED;
-  if (a.table) {
-    /* the kernel's own table (gmm_kernel): tiles, with V_TM's merged ones */
-    const int layout = sm90::has_merge(variant) && !tgmm ? kTilesMerged : kTilesPlain;
-    const int tiles_n = (a.n + sm90::BN - 1) / sm90::BN;
-    const int tiles_k = (a.k + sm90::BM - 1) / sm90::BM;
-    sl_status st = table_build_launch(a, tgmm, tgmm ? 0 : sm90::BM, tiles_n, tiles_k * tiles_n,
-                                      stream, layout);
-    if (st != SL_STATUS_SUCCESS) return st;
-  }
   if (a.in_dtype == SL_DTYPE_BF16)
     return sm90::launch_t<__nv_bfloat16>(a, tgmm, num_sms, stream, variant);
   return sm90::launch_t<__half>(a, tgmm, num_sms, stream, variant);

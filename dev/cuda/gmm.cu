@@ -28,6 +28,8 @@
  *      edge tile (V_TM; transpose_rhs and f32 outputs run 20, tgmm 25)
  *  40  not a kernel: the library's default with tgmm's tiles handed out in group index order, as
  *      before session 18, instead of long groups first (build_group_table's order)
+ *  41  not a kernel: the library's default with its group table built in a workspace by the
+ *      table kernel, as calls with more than 256 local groups did before session 19
  * (7, the ping-pong V_PP (session 2; 3-11% slower, removed in session 12, in the history at
  *  f265b23), 17-19, session 6's V_NS, V_HA, V_EW, 23-24, session 8's V_RS, V_RS4, and again 23-24,
  *  session 9's V_3W (commit 43419fc) and V_FC (6add3a9), and 26-29, session 10's V_LG2,
@@ -78,14 +80,17 @@ static const bool kTgmm = HARNESS_TGMM;
 /* HARNESS_OUT=f32: time (and check) f32 outputs instead of bf16 ones */
 static const bool kOutF32 = getenv("HARNESS_OUT") && !strcmp(getenv("HARNESS_OUT"), "f32");
 static const size_t kOutBytes = kOutF32 ? 4 : 2;
-static const int kVersions = 40;
-/* Not a kernel variant: the default one with tgmm's tiles handed out in group order instead of
- * long groups first (session 18's A/B of that order; gmm: the default as it is). */
-static const int kIndexOrder = 40;
+static const int kVersions = 41;
+/* Not kernel variants: the default one with tgmm's tiles handed out in group order instead of
+ * long groups first (session 18's A/B of that order; gmm: the default as it is), and the
+ * default one with its group table built by the table kernel in a workspace, as every call with
+ * more than 256 local groups did before session 19 (place_table). */
+static const int kIndexOrder = 40, kWsTable = 41;
 /* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
  * removed ones are not reused) */
 static bool version_exists(int v) {
-  return v == 1 || v == kIndexOrder || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2));
+  return v == 1 || v == kIndexOrder || v == kWsTable ||
+         (v >= 2 && sluice_cuda::sm90::is_variant(v - 2));
 }
 
 static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
@@ -93,6 +98,19 @@ static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
   if (v == kIndexOrder) { /* the library's default, tgmm tiles in group order */
     sluice_cuda::GmmArgs b = a;
     b.index_order = 1;
+    return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
+  }
+  if (v == kWsTable) { /* the library's default, its group table in a workspace */
+    static int *ws = nullptr;
+    static size_t ws_bytes = 0;
+    const size_t need = (size_t)sluice_cuda::table_ints(a.num_local_groups) * sizeof(int);
+    if (need > ws_bytes) {
+      if (ws) CK(cudaFree(ws));
+      CK(cudaMalloc(&ws, need));
+      ws_bytes = need;
+    }
+    sluice_cuda::GmmArgs b = a;
+    b.table = ws, b.table_in_ws = 1;
     return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
   }
   return sluice_cuda::sm90_gmm_launch(a, kTgmm, sms, 0, v - 2);
@@ -335,7 +353,10 @@ int main(int argc, char **argv) {
                           {"qwen3-30b-up", 65536, 128, 2048, 1536},
                           /* the dsv3-proxy MoE layer's expert matmuls (bench/shapes.py) */
                           {"dsv3proxy-gateup", 131072, 256, 1024, 512, true},
-                          {"dsv3proxy-down", 131072, 256, 256, 1024, true}};
+                          {"dsv3proxy-down", 131072, 256, 256, 1024, true},
+                          /* the same with 512 experts (more than 256: see version 41) */
+                          {"fine512-gateup", 131072, 512, 1024, 512, true},
+                          {"fine512-down", 131072, 512, 256, 1024, true}};
   const char *modes[] = {"uniform", "ragged", "skewed", "halves"};
   /* HARNESS_SHAPES / HARNESS_MODES (substrings of the names) and HARNESS_REPS narrow the timing,
    * with HARNESS_NOCHECK=1 (no correctness pass) for a profiler: each version then runs 2 warm-up

@@ -162,7 +162,7 @@ static bool run_case(const Case &c, Path path, void *workspace, size_t ws_bytes)
       a.out = (char *)d_out + b * (c.tgmm ? GL * K * N : M * N) * out_es;
       a.group_sizes = d_sizes + b * G;
       a.group_offset = d_offs ? d_offs + b : nullptr;
-      a.table = GL > (size_t)sluice_cuda::kSmemTableMaxGroups ? (int *)workspace : nullptr;
+      a.table = (int *)workspace; /* used if the table does not fit in shared memory */
       a.counter = nullptr; /* the portable kernel has no tile counter */
       a.m = M, a.k = K, a.n = N, a.num_groups = G, a.num_local_groups = GL;
       a.in_dtype = c.in, a.out_dtype = c.out, a.transpose_rhs = c.transpose;
@@ -343,12 +343,18 @@ int main(int argc, char **argv) {
       cases.push_back(make(nm("sizes rising, longest last"), tg, tot + 11, 136, 264, sz));
     }
     {
-      /* the same order built by the table kernel (more local groups than the shared-memory
-       * table holds): every 37th group long, the rest small */
+      /* the same order over more groups (every 37th long, the rest small), built in shared
+       * memory on sm_90 (room for ~1000 groups beside the pipeline) */
       std::vector<int> sz = random_sizes(300, 1500);
       int tot = 1500;
       for (int g = 5; g < 300; g += 37) tot += (sz[g] += 40 + 3 * g);
-      cases.push_back(make(nm("G_local=300 long groups (workspace)"), tg, tot, 64, 136, sz));
+      cases.push_back(make(nm("G_local=300 long groups"), tg, tot, 64, 136, sz));
+      /* and by the table kernel in the workspace: 9000 groups' table (144 KB) fits in no
+       * device's shared memory beside a pipeline */
+      std::vector<int> big = random_sizes(9000, 12000);
+      tot = 12000;
+      for (int g = 11; g < 9000; g += 997) tot += (big[g] += 200 + g / 50);
+      cases.push_back(make(nm("G_local=9000 long groups (workspace table)"), tg, tot, 64, 64, big));
     }
     /* sm90 V_TM's merged edges: last 128 + r rows of 129..192 (wgmma N 160, 192), one group
      * with full row tiles before them (552), one whose edge of 96 rows is not merged (224), the
@@ -368,8 +374,7 @@ int main(int argc, char **argv) {
         make(nm("offset out of range (clamped)"), tg, 600, 64, 128, random_sizes(6, 600), 2, 99));
     cases.push_back(
         make(nm("K,N not multiple of 8 (slow path)"), tg, 333, 77, 101, random_sizes(4, 330)));
-    cases.push_back(make(nm("G_local=300 > smem table (workspace)"), tg, 2000, 64, 128,
-                         random_sizes(300, 2000)));
+    cases.push_back(make(nm("G_local=300"), tg, 2000, 64, 128, random_sizes(300, 2000)));
     {
       Case c = make(nm("f16 in, f32 out"), tg, 1000, 320, 384, random_sizes(7, 1000));
       c.in = SL_DTYPE_F16, c.out = SL_DTYPE_F32;
@@ -450,7 +455,7 @@ int main(int argc, char **argv) {
           c.name.find("even k-blocks") != std::string::npos ||
           c.name.find("f32 out, ") != std::string::npos ||
           c.name.find("K % 32") != std::string::npos ||
-          c.name.find("workspace") != std::string::npos ||
+          c.name.find("G_local") != std::string::npos ||
           c.name.find("longest last") != std::string::npos)
         keep.push_back(c);
     cases = keep;
@@ -461,6 +466,28 @@ int main(int argc, char **argv) {
     /* no workspace: small tables are built in shared memory, and sm90 hands out tiles by a fixed
      * stride instead of the workspace's counter */
     if (c.name.find("odd edges") != std::string::npos) run_case(c, PATH_API, nullptr, 0);
+  }
+  { /* a table too large for shared memory and no workspace: a clear error, no launch */
+    sl_gmm_desc d = sl_gmm_desc_default();
+    d.m = 64, d.k = 64, d.n = 64, d.num_groups = d.num_local_groups = 9000;
+    d.lhs_dtype = d.rhs_dtype = d.out_dtype = SL_DTYPE_BF16;
+    void *dl, *dr, *dout;
+    int32_t *ds;
+    CUDA_OK(cudaMalloc(&dl, 64 * 64 * 2));
+    CUDA_OK(cudaMalloc(&dr, (size_t)9000 * 64 * 64 * 2));
+    CUDA_OK(cudaMalloc(&dout, (size_t)9000 * 64 * 64 * 2));
+    CUDA_OK(cudaMalloc(&ds, 9000 * 4));
+    CUDA_OK(cudaMemset(ds, 0, 9000 * 4));
+    for (int tg = 0; tg < 2; ++tg) {
+      sl_status st = tg ? sl_tgmm_cuda(&d, dl, dout, ds, nullptr, dr, nullptr, nullptr)
+                        : sl_gmm_cuda(&d, dl, dr, ds, nullptr, dout, nullptr, nullptr);
+      const bool ok = st == SL_STATUS_INVALID_ARGUMENT && strstr(sl_last_error(), "workspace");
+      printf("%s %s 9000 groups, no workspace: %s (%s)\n", ok ? "ok  " : "FAIL",
+             tg ? "tgmm" : "gmm", sl_status_string(st), sl_last_error());
+      ++g_cases, g_failures += !ok;
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    cudaFree(dl), cudaFree(dr), cudaFree(dout), cudaFree(ds);
   }
   cudaFree(ws);
   printf("%s: %d of %d checks failed\n", g_failures ? "FAILED" : "PASSED", g_failures, g_cases);
