@@ -471,23 +471,25 @@ int main(int argc, char **argv) {
     sl_gmm_desc d = sl_gmm_desc_default();
     d.m = 64, d.k = 64, d.n = 64, d.num_groups = d.num_local_groups = 9000;
     d.lhs_dtype = d.rhs_dtype = d.out_dtype = SL_DTYPE_BF16;
-    void *dl, *dr, *dout;
+    /* x, y: [64, 64] (gmm's lhs and out, tgmm's lhs and rhs); w: [9000, 64, 64] (gmm's rhs,
+     * tgmm's out) */
+    void *x, *y, *w;
     int32_t *ds;
-    CUDA_OK(cudaMalloc(&dl, 64 * 64 * 2));
-    CUDA_OK(cudaMalloc(&dr, (size_t)9000 * 64 * 64 * 2));
-    CUDA_OK(cudaMalloc(&dout, (size_t)9000 * 64 * 64 * 2));
+    CUDA_OK(cudaMalloc(&x, 64 * 64 * 2));
+    CUDA_OK(cudaMalloc(&y, 64 * 64 * 2));
+    CUDA_OK(cudaMalloc(&w, (size_t)9000 * 64 * 64 * 2));
     CUDA_OK(cudaMalloc(&ds, 9000 * 4));
     CUDA_OK(cudaMemset(ds, 0, 9000 * 4));
     for (int tg = 0; tg < 2; ++tg) {
-      sl_status st = tg ? sl_tgmm_cuda(&d, dl, dout, ds, nullptr, dr, nullptr, nullptr)
-                        : sl_gmm_cuda(&d, dl, dr, ds, nullptr, dout, nullptr, nullptr);
+      sl_status st = tg ? sl_tgmm_cuda(&d, x, y, ds, nullptr, w, nullptr, nullptr)
+                        : sl_gmm_cuda(&d, x, w, ds, nullptr, y, nullptr, nullptr);
       const bool ok = st == SL_STATUS_INVALID_ARGUMENT && strstr(sl_last_error(), "workspace");
       printf("%s %s 9000 groups, no workspace: %s (%s)\n", ok ? "ok  " : "FAIL",
              tg ? "tgmm" : "gmm", sl_status_string(st), sl_last_error());
       ++g_cases, g_failures += !ok;
     }
     CUDA_OK(cudaDeviceSynchronize());
-    cudaFree(dl), cudaFree(dr), cudaFree(dout), cudaFree(ds);
+    cudaFree(x), cudaFree(y), cudaFree(w), cudaFree(ds);
   }
   cudaFree(ws);
   printf("%s: %d of %d checks failed\n", g_failures ? "FAILED" : "PASSED", g_failures, g_cases);
