@@ -68,9 +68,10 @@ static_assert(
  * In every variant the tgmm rows past a group's end are zeroed by warps 1-3 of the producer
  * warpgroup as soon as the block lands, off the consumers' path; consumers wait for a per-stage
  * "fixed" barrier on those blocks only. */
-enum Variant { V_BASE = 0, V_AHS = 11, V_DYN = 14, V_FB = 18, V_K32 = 23, V_TM = 33 };
+enum Variant { V_BASE = 0, V_AHS = 11, V_DYN = 14, V_FB = 18, V_K32 = 23, V_TM = 33, V_TM1 = 34 };
 __host__ __device__ constexpr bool is_variant(int v) {
-  return v == V_BASE || v == V_AHS || v == V_DYN || v == V_FB || v == V_K32 || v == V_TM;
+  return v == V_BASE || v == V_AHS || v == V_DYN || v == V_FB || v == V_K32 || v == V_TM ||
+         v == V_TM1;
 }
 /* V_AHS: 3 stages, one k-block of wgmmas in flight (wait_group 1: a stage goes back one block
  * later), the epilogue staged in shared memory (128B-swizzled, conflict-free) and written by TMA
@@ -149,7 +150,9 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * multiples level, qwen3 "halves" -2..-3%), alone under sustained load +0.3..+1.9% on 7 of the 8
  * bench cases; bench gmm/torch 1.12-1.13x against 1.12x. The gmm default since session 14
  * (transpose_rhs, f32 outputs and, since session 18, K < 2048 run V_FB: resolve_variant). */
-__host__ __device__ constexpr bool has_merge(int v) { return v == V_TM; }
+__host__ __device__ constexpr bool has_merge(int v) { return v == V_TM || v == V_TM1; }
+/* V_TM1: V_TM whose merged tile loads its rows with one 192-row TMA copy (2 copies a stage, not 3-4) */
+__host__ __device__ constexpr bool tm_one_box(int v) { return v == V_TM1; }
 __host__ __device__ constexpr bool is_k32(int v) { return v == V_K32; }
 __host__ __device__ constexpr bool has_fused_boxes(int v) {
   return v == V_FB || is_k32(v) || has_merge(v);
@@ -545,16 +548,21 @@ __global__ void __launch_bounds__(THREADS, 1)
            * never stored); the weights' 128 columns [n0, n0 + 128) as two 64x64 boxes, after
            * the 32 KB that x may take */
           const int extra = ((tok + 31) / 32) - 4; /* 32-row boxes past the first 128 rows */
-          const uint32_t bytes = 2 * A_BYTES + extra * 32 * BKV * 2;
+          constexpr bool ONE = tm_one_box(VARIANT);
+          const uint32_t bytes = ONE ? 192 * BKV * 2 + A_BYTES : 2 * A_BYTES + extra * 32 * BKV * 2;
           for (int kb = 0; kb < nk; ++kb) {
             const uint32_t full = full0 + 8 * s;
             mbar_wait(empty0 + 8 * s, phase ^ 1);
             mbar_expect_tx(full, bytes);
             const uint32_t sa = stage0 + s * SBYTES;
             const int k0 = kb * BKV;
-            tma_load_2d(sa, &map_a, k0, m0, full);
-            for (int e = 0; e < extra; ++e)
-              tma_load_2d(sa + A_BYTES + e * 32 * BKV * 2, &map_a2, k0, m0 + BM + 32 * e, full);
+            if (ONE) {
+              tma_load_2d(sa, &map_a2, k0, m0, full);
+            } else {
+              tma_load_2d(sa, &map_a, k0, m0, full);
+              for (int e = 0; e < extra; ++e)
+                tma_load_2d(sa + A_BYTES + e * 32 * BKV * 2, &map_a2, k0, m0 + BM + 32 * e, full);
+            }
             tma_load_4d(sa + 2 * A_BYTES, &map_b2, 0, k0, n0 / 64, j, full);
             if (++s == STAGES) s = 0, phase ^= 1;
           }
@@ -1061,7 +1069,8 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   } else {
     const uint64_t da[2] = {K, M}, sa[1] = {K * 2};
     const uint32_t boxa[2] = {BKV, 128}; /* (V_K32: 64-byte rows, 64B swizzle) */
-    const uint32_t boxa32[2] = {BKV, 32}; /* V_TM: a merged tile's rows past the first 128 */
+    /* V_TM: a merged tile's rows past the first 128 (V_TM1: all of its rows, 192) */
+    const uint32_t boxa32[2] = {BKV, tm_one_box(VARIANT) ? 192u : 32u};
     ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, boxa, BKV == 32);
     if (MERGE) ok = ok && make_map(&ma2, a.lhs, a.in_dtype, 2, da, sa, boxa32);
     if (TRANS_B) {
@@ -1165,6 +1174,7 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     case V_FB: return launch_v<T, V_FB>(a, tgmm, num_sms, s);
     case V_K32: return launch_v<T, V_K32>(a, tgmm, num_sms, s);
     case V_TM: return launch_v<T, V_TM>(a, tgmm, num_sms, s);
+    case V_TM1: return launch_v<T, V_TM1>(a, tgmm, num_sms, s);
     default: return SL_STATUS_UNSUPPORTED; /* (resolve_variant returns only those above) */
   }
 }
