@@ -55,7 +55,8 @@ static_assert(
  * and 0943536), 28-31 (session 12's diagnostics) and 32, V_TL (session 13: the last wave of
  * tiles in 128x128 halves, 0.99x; in the history at 9ad54f8), and 2, 4, 19, 20: V_TMA_C,
  * V_TMA_CS, V_MD, V_MD4 (removed in session 17, below; in the history at 16d7722) - whose numbers
- * are not to be reused again; 33 is V_TM; the next new variant is 34, harness version 36):
+ * are not to be reused again; 33 is V_TM; 34, V_TM1 (session 22: V_TM's merged rows in one TMA
+ * copy), was folded into V_TM; the next new variant is 35, harness version 37):
  *   V_BASE   4 stages, each k-block's wgmmas waited before the next (wait_group 0), epilogue
  *            stores straight from registers. Any output dtype: the f32-output path until
  *            session 13, now only where the staged epilogue cannot run (an f32 row not a
@@ -68,10 +69,9 @@ static_assert(
  * In every variant the tgmm rows past a group's end are zeroed by warps 1-3 of the producer
  * warpgroup as soon as the block lands, off the consumers' path; consumers wait for a per-stage
  * "fixed" barrier on those blocks only. */
-enum Variant { V_BASE = 0, V_AHS = 11, V_DYN = 14, V_FB = 18, V_K32 = 23, V_TM = 33, V_TM1 = 34 };
+enum Variant { V_BASE = 0, V_AHS = 11, V_DYN = 14, V_FB = 18, V_K32 = 23, V_TM = 33 };
 __host__ __device__ constexpr bool is_variant(int v) {
-  return v == V_BASE || v == V_AHS || v == V_DYN || v == V_FB || v == V_K32 || v == V_TM ||
-         v == V_TM1;
+  return v == V_BASE || v == V_AHS || v == V_DYN || v == V_FB || v == V_K32 || v == V_TM;
 }
 /* V_AHS: 3 stages, one k-block of wgmmas in flight (wait_group 1: a stage goes back one block
  * later), the epilogue staged in shared memory (128B-swizzled, conflict-free) and written by TMA
@@ -137,7 +137,7 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * is transposed: 128 output columns (two m64 halves, one per warpgroup) by the 129..192 rows as
  * the wgmma's N (m64nNk16, N = 160 or 192: the rows rounded up to 32), A = the weights'
  * 64x64 boxes read MN-major, B = the rows of lhs K-major, both straight from the stage as the
- * producer lands them (x: one 128-row box and 1-2 boxes of 32 rows; w: two 64x64 boxes). Two
+ * producer lands them (x: one 192-row box since session 22; w: two 64x64 boxes). Two
  * merged tiles per 256 columns do the work of 1.0..1.5 full tiles where V_FB spends ~1.9.
  * Its epilogue stages the transposed accumulators with stmatrix.trans, stores the whole 64-row
  * boxes by TMA and the last rows (which a TMA box would write past the group's end) from shared
@@ -150,9 +150,7 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * multiples level, qwen3 "halves" -2..-3%), alone under sustained load +0.3..+1.9% on 7 of the 8
  * bench cases; bench gmm/torch 1.12-1.13x against 1.12x. The gmm default since session 14
  * (transpose_rhs, f32 outputs and, since session 18, K < 2048 run V_FB: resolve_variant). */
-__host__ __device__ constexpr bool has_merge(int v) { return v == V_TM || v == V_TM1; }
-/* V_TM1: V_TM whose merged tile loads its rows with one 192-row TMA copy (2 copies a stage, not 3-4) */
-__host__ __device__ constexpr bool tm_one_box(int v) { return v == V_TM1; }
+__host__ __device__ constexpr bool has_merge(int v) { return v == V_TM; }
 __host__ __device__ constexpr bool is_k32(int v) { return v == V_K32; }
 __host__ __device__ constexpr bool has_fused_boxes(int v) {
   return v == V_FB || is_k32(v) || has_merge(v);
@@ -543,26 +541,19 @@ __global__ void __launch_bounds__(THREADS, 1)
         decode(t, j, m0, n0, nk, gs, ge, tok);
         const bool fix = needs_fix(nk, ge - gs);
         if (MERGE && tok) {
-          /* a merged tile: x rows [m0, m0 + 128) in one box, then 32-row boxes up to the rows
-           * rounded to 32 (rows past the group are loaded, and their columns of the accumulator
-           * never stored); the weights' 128 columns [n0, n0 + 128) as two 64x64 boxes, after
-           * the 32 KB that x may take */
-          const int extra = ((tok + 31) / 32) - 4; /* 32-row boxes past the first 128 rows */
-          constexpr bool ONE = tm_one_box(VARIANT);
-          const uint32_t bytes = ONE ? 192 * BKV * 2 + A_BYTES : 2 * A_BYTES + extra * 32 * BKV * 2;
+          /* a merged tile: x rows [m0, m0 + 192) in one box (rows past the tile's 129..192 are
+           * loaded, and their columns of the accumulator never stored; TMA zero-fills past M);
+           * the weights' 128 columns [n0, n0 + 128) as two 64x64 boxes, after the 32 KB that x
+           * may take. One copy of x instead of a 128-row and one or two 32-row boxes: +0.2..+4.5%
+           * where groups end in merged tiles (V_TM1, session 22) */
+          const uint32_t bytes = 192 * BKV * 2 + A_BYTES;
           for (int kb = 0; kb < nk; ++kb) {
             const uint32_t full = full0 + 8 * s;
             mbar_wait(empty0 + 8 * s, phase ^ 1);
             mbar_expect_tx(full, bytes);
             const uint32_t sa = stage0 + s * SBYTES;
             const int k0 = kb * BKV;
-            if (ONE) {
-              tma_load_2d(sa, &map_a2, k0, m0, full);
-            } else {
-              tma_load_2d(sa, &map_a, k0, m0, full);
-              for (int e = 0; e < extra; ++e)
-                tma_load_2d(sa + A_BYTES + e * 32 * BKV * 2, &map_a2, k0, m0 + BM + 32 * e, full);
-            }
+            tma_load_2d(sa, &map_a2, k0, m0, full);
             tma_load_4d(sa + 2 * A_BYTES, &map_b2, 0, k0, n0 / 64, j, full);
             if (++s == STAGES) s = 0, phase ^= 1;
           }
@@ -1036,7 +1027,7 @@ static bool tma_c_ok(const GmmArgs &a) {
 
 template <typename T, bool TGMM, bool TRANS_B, int VARIANT>
 static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
-  /* ma2, mb2 (V_TM): the same tensors as ma, mb with a merged tile's boxes (32 rows of lhs, 128
+  /* ma2, mb2 (V_TM): the same tensors as ma, mb with a merged tile's boxes (192 rows of lhs, 128
    * columns of rhs); otherwise unused copies */
   CUtensorMap ma, mb, mc, ma2, mb2;
   memset(&mc, 0, sizeof mc);
@@ -1069,10 +1060,9 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   } else {
     const uint64_t da[2] = {K, M}, sa[1] = {K * 2};
     const uint32_t boxa[2] = {BKV, 128}; /* (V_K32: 64-byte rows, 64B swizzle) */
-    /* V_TM: a merged tile's rows past the first 128 (V_TM1: all of its rows, 192) */
-    const uint32_t boxa32[2] = {BKV, tm_one_box(VARIANT) ? 192u : 32u};
+    const uint32_t boxa192[2] = {BKV, 192}; /* V_TM: a merged tile's rows */
     ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, boxa, BKV == 32);
-    if (MERGE) ok = ok && make_map(&ma2, a.lhs, a.in_dtype, 2, da, sa, boxa32);
+    if (MERGE) ok = ok && make_map(&ma2, a.lhs, a.in_dtype, 2, da, sa, boxa192);
     if (TRANS_B) {
       const uint64_t db[3] = {K, N, GL}, sb[2] = {K * 2, N * K * 2};
       const uint32_t boxb[3] = {64, (uint32_t)BN, 1};
@@ -1174,7 +1164,6 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     case V_FB: return launch_v<T, V_FB>(a, tgmm, num_sms, s);
     case V_K32: return launch_v<T, V_K32>(a, tgmm, num_sms, s);
     case V_TM: return launch_v<T, V_TM>(a, tgmm, num_sms, s);
-    case V_TM1: return launch_v<T, V_TM1>(a, tgmm, num_sms, s);
     default: return SL_STATUS_UNSUPPORTED; /* (resolve_variant returns only those above) */
   }
 }

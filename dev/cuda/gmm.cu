@@ -26,8 +26,8 @@
  *  35  (gmm) as 20, with a group's last 128 + r rows (r = 1..64) as two transposed "merged" tiles
  *      per 256 columns (the rows as the wgmma's N: 160 or 192) instead of a full tile and an
  *      edge tile (V_TM; transpose_rhs and f32 outputs run 20, tgmm 25)
- *  36  (gmm) as 35, a merged tile's rows loaded with one 192-row TMA copy instead of a 128-row
- *      and one or two 32-row ones (V_TM1, session 22)
+ *      (since session 22 a merged tile's rows come in one 192-row TMA copy: 36, V_TM1, which
+ *      loaded them that way beside 35's 128-row and one or two 32-row copies, was folded in)
  *  40  not a kernel: the library's default with tgmm's tiles handed out in group index order, as
  *      before session 18, instead of long groups first (build_group_table's order)
  *  41  not a kernel: the library's default with its group table built in a workspace by the
