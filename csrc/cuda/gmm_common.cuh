@@ -34,6 +34,10 @@ struct GmmArgs {
   int index_order = 0; /* tgmm, dev A/B only: tiles in group order, not long groups first */
   int table_in_ws = 0; /* dev A/B only: the group table in the workspace even where it would fit
                         * in shared memory (place_table) */
+  int store_per_box = 0; /* sm90: the staged output leaves in one TMA store per 64-row x 128-byte
+                          * box (as before session 22) instead of one per warpgroup's 64-row half;
+                          * set by the launcher where n is not a multiple of the box's columns, and
+                          * a dev A/B knob */
 };
 
 /* Group table layout, in ints: [lo, hi, total_tiles, pad, start[GL], end[GL], tile_prefix[GL+1],

@@ -386,7 +386,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     gmm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                const __grid_constant__ CUtensorMap map_c,
                const __grid_constant__ CUtensorMap map_a2,
-               const __grid_constant__ CUtensorMap map_b2, GmmArgs a) {
+               const __grid_constant__ CUtensorMap map_b2,
+               const __grid_constant__ CUtensorMap map_cf, GmmArgs a) {
 #ifdef SLUICE_SM90A_DEVICE
   constexpr int STAGES = stages_of(VARIANT);
   constexpr size_t PIPE_BYTES = pipe_bytes(VARIANT);
@@ -941,13 +942,25 @@ __global__ void __launch_bounds__(THREADS, 1)
           SL_TR(x4);
           SL_TR_ADD(TR_EPI_BAR, x4 - x3);
           if (lt == 0) {
+            if (a.store_per_box) {
 #pragma unroll
-            for (int b = 0; b < NBOX; ++b) {
-              const int c0 = n0 + P * PCOLS + BOXC * b;
+              for (int b = 0; b < NBOX; ++b) {
+                const int c0 = n0 + P * PCOLS + BOXC * b;
+                if (TGMM)
+                  tma_store_3d(&map_c, cbase + b * BOX_BYTES, c0, m0 + cw * 64, j);
+                else
+                  tma_store_2d(&map_c, cbase + b * BOX_BYTES, c0, m0 + cw * 64);
+              }
+            } else {
+              /* the half's NBOX boxes in one store: the output viewed with its columns split
+               * into BOXC-wide blocks ({BOXC, rows, N/BOXC[, G]}, the launcher's map), so the box
+               * {BOXC, 64, NBOX} is the staged boxes as they lie, one after another (session 22:
+               * fewer TMA copies per tile) */
+              const int cb = (n0 + P * PCOLS) / BOXC;
               if (TGMM)
-                tma_store_3d(&map_c, cbase + b * BOX_BYTES, c0, m0 + cw * 64, j);
+                tma_store_4d(&map_cf, cbase, 0, m0 + cw * 64, cb, j);
               else
-                tma_store_2d(&map_c, cbase + b * BOX_BYTES, c0, m0 + cw * 64);
+                tma_store_3d(&map_cf, cbase, 0, m0 + cw * 64, cb);
             }
             bulk_commit();
           }
@@ -977,7 +990,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     SL_TR_STORE(cw == 0 && lt == 0);
   }
 #else
-  (void)map_a, (void)map_b, (void)map_c, (void)a;
+  (void)map_a, (void)map_b, (void)map_c, (void)map_cf, (void)a;
 #endif
 }
 
@@ -1029,8 +1042,9 @@ template <typename T, bool TGMM, bool TRANS_B, int VARIANT>
 static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   /* ma2, mb2 (V_TM): the same tensors as ma, mb with a merged tile's boxes (192 rows of lhs, 128
    * columns of rhs); otherwise unused copies */
-  CUtensorMap ma, mb, mc, ma2, mb2;
+  CUtensorMap ma, mb, mc, ma2, mb2, mcf;
   memset(&mc, 0, sizeof mc);
+  memset(&mcf, 0, sizeof mcf);
   const uint64_t M = a.m, K = a.k, N = a.n, GL = a.num_local_groups;
   constexpr bool MERGE = has_merge(VARIANT);
   const uint32_t box64[3] = {64, 64, 1};
@@ -1038,9 +1052,13 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   constexpr uint32_t BKV = bk_of(VARIANT); /* rows of a k-block */
   const uint32_t box_fa[3] = {64, BKV, 2}, box_fb[4] = {64, BKV, 4, 1};
   const uint32_t box_fb2[4] = {64, 64, 2, 1};
-  /* the staged output's boxes: 128 bytes x 64 rows (64 16-bit or 32 f32 columns) */
-  const uint64_t ob = dtype_bytes(a.out_dtype);
-  const uint32_t box_c[3] = {128 / (uint32_t)ob, 64, 1};
+  /* the staged output's boxes: 128 bytes x 64 rows (64 16-bit or 32 f32 columns), stored box by
+   * box through mc (V_TM's merged tiles always), or a warpgroup's 4 boxes in one store through mcf,
+   * the output viewed with its columns split into blocks of a box's width ({BOXC, rows, N/BOXC[,
+   * G]}), which needs N to be a multiple of that width */
+  const uint64_t ob = dtype_bytes(a.out_dtype), boxc = 128 / ob;
+  const uint32_t box_c[3] = {(uint32_t)boxc, 64, 1}, box_cf[4] = {(uint32_t)boxc, 64, 4, 1};
+  const bool per_box = a.store_per_box || N % boxc != 0;
   if (TGMM) {
     if (has_fused_boxes(VARIANT)) {
       /* lhs [M, K] as {64, M, K/64}, rhs [M, N] as {64, M, N/64} (K, N % 64 == 0) */
@@ -1056,6 +1074,8 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     if (has_tma_c(VARIANT)) {
       const uint64_t dc[3] = {N, K, GL}, sc[2] = {N * ob, K * N * ob};
       ok = ok && make_map(&mc, a.out, a.out_dtype, 3, dc, sc, box_c);
+      const uint64_t dcf[4] = {boxc, K, N / boxc, GL}, scf[3] = {N * ob, boxc * ob, K * N * ob};
+      if (!per_box) ok = ok && make_map(&mcf, a.out, a.out_dtype, 4, dcf, scf, box_cf);
     }
   } else {
     const uint64_t da[2] = {K, M}, sa[1] = {K * 2};
@@ -1080,6 +1100,8 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     if (has_tma_c(VARIANT)) {
       const uint64_t dc[2] = {N, M}, sc[1] = {N * ob};
       ok = ok && make_map(&mc, a.out, a.out_dtype, 2, dc, sc, box_c);
+      const uint64_t dcf[3] = {boxc, M, N / boxc}, scf[2] = {N * ob, boxc * ob};
+      if (!per_box) ok = ok && make_map(&mcf, a.out, a.out_dtype, 3, dcf, scf, box_cf);
     }
   }
   if (!ok) return SL_STATUS_UNSUPPORTED; /* the caller falls back to the portable kernel */
@@ -1100,6 +1122,7 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
                              tiles_n, tiles_k * tiles_n, MERGE ? kTilesMerged : kTilesPlain,
                              stream, &smem, TGMM ? "tgmm (sm90)" : "gmm (sm90)");
   if (st != SL_STATUS_SUCCESS) return st;
+  b.store_per_box = per_box;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess)
@@ -1109,7 +1132,7 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   const long long units = (long long)a.num_local_groups * tiles_k * tiles_n;
   long long grid = (!TGMM || units > num_sms) ? num_sms : units;
   if (grid < 1) grid = 1;
-  kernel<<<(unsigned)grid, THREADS, smem, stream>>>(ma, mb, mc, ma2, mb2, b);
+  kernel<<<(unsigned)grid, THREADS, smem, stream>>>(ma, mb, mc, ma2, mb2, mcf, b);
   err = cudaGetLastError();
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm90): launch failed: %s",

@@ -32,6 +32,8 @@
  *      before session 18, instead of long groups first (build_group_table's order)
  *  41  not a kernel: the library's default with its group table built in a workspace by the
  *      table kernel, as calls with more than 256 local groups did before session 19
+ *  42  not a kernel: the library's default with its staged output stored box by box (8 TMA
+ *      stores a 16-bit tile), as before session 22, instead of one store per warpgroup half
  * (7, the ping-pong V_PP (session 2; 3-11% slower, removed in session 12, in the history at
  *  f265b23), 17-19, session 6's V_NS, V_HA, V_EW, 23-24, session 8's V_RS, V_RS4, and again 23-24,
  *  session 9's V_3W (commit 43419fc) and V_FC (6add3a9), and 26-29, session 10's V_LG2,
@@ -82,16 +84,16 @@ static const bool kTgmm = HARNESS_TGMM;
 /* HARNESS_OUT=f32: time (and check) f32 outputs instead of bf16 ones */
 static const bool kOutF32 = getenv("HARNESS_OUT") && !strcmp(getenv("HARNESS_OUT"), "f32");
 static const size_t kOutBytes = kOutF32 ? 4 : 2;
-static const int kVersions = 41;
+static const int kVersions = 42;
 /* Not kernel variants: the default one with tgmm's tiles handed out in group order instead of
  * long groups first (session 18's A/B of that order; gmm: the default as it is), and the
  * default one with its group table built by the table kernel in a workspace, as every call with
  * more than 256 local groups did before session 19 (place_table). */
-static const int kIndexOrder = 40, kWsTable = 41;
+static const int kIndexOrder = 40, kWsTable = 41, kStorePerBox = 42;
 /* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
  * removed ones are not reused) */
 static bool version_exists(int v) {
-  return v == 1 || v == kIndexOrder || v == kWsTable ||
+  return v == 1 || v == kIndexOrder || v == kWsTable || v == kStorePerBox ||
          (v >= 2 && sluice_cuda::sm90::is_variant(v - 2));
 }
 
@@ -113,6 +115,11 @@ static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
     }
     sluice_cuda::GmmArgs b = a;
     b.table = ws, b.table_in_ws = 1;
+    return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
+  }
+  if (v == kStorePerBox) { /* the library's default, its output stored box by box */
+    sluice_cuda::GmmArgs b = a;
+    b.store_per_box = 1;
     return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
   }
   return sluice_cuda::sm90_gmm_launch(a, kTgmm, sms, 0, v - 2);
