@@ -371,6 +371,9 @@ int main(int argc, char **argv) {
    * with HARNESS_NOCHECK=1 (no correctness pass) for a profiler: each version then runs 2 warm-up
    * + reps calls per case, in the listed order. */
   const char *only_shapes = getenv("HARNESS_SHAPES"), *only_modes = getenv("HARNESS_MODES");
+  /* set but empty (bench/run_1gpu.sh's HARNESS spec without shapes): no filter */
+  if (only_shapes && !*only_shapes) only_shapes = nullptr;
+  if (only_modes && !*only_modes) only_modes = nullptr;
   const int reps = getenv("HARNESS_REPS") ? atoi(getenv("HARNESS_REPS")) : 25;
   printf("%-16s %-8s %7s %9s %8s %9s\n", "shape", "sizes", "version", "ms", "TFLOP/s", "vs first");
   cudaEvent_t e0, e1;
