@@ -16,25 +16,8 @@
  * Run:   ./feed_rate [k-blocks per CTA, default 4000] */
 #include <cuda.h>
 #include <cudaTypedefs.h>
-#include <cuda_runtime.h>
-#include <stdio.h>
-#include <stdlib.h>
 
-#include <algorithm>
-#include <vector>
-
-#include "../../csrc/cuda/sm90_gmm.cuh"
-
-using namespace sluice_cuda::sm90;
-
-#define CK(x)                                                                         \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                        \
-    }                                                                                 \
-  } while (0)
+#include "probe.cuh"
 
 constexpr int BOX = 64 * 64 * 2; /* one 8 KB box: the kernel's 64x64 tile of 16-bit elements */
 

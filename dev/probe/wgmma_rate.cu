@@ -9,25 +9,8 @@
  * Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Icsrc/core \
  *          dev/probe/wgmma_rate.cu -o wgmma_rate
  * Run:   ./wgmma_rate [k-blocks per warpgroup, default 20000] */
-#include <cuda_runtime.h>
-#include <stdio.h>
-#include <stdlib.h>
 
-#include <algorithm>
-#include <vector>
-
-#include "../../csrc/cuda/sm90_gmm.cuh"
-
-using namespace sluice_cuda::sm90;
-
-#define CK(x)                                                                         \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                        \
-    }                                                                                 \
-  } while (0)
+#include "probe.cuh"
 
 constexpr int STAGES = 3, SBYTES = 48 * 1024, SMEM = STAGES * SBYTES + 1024;
 
