@@ -1073,9 +1073,9 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     }
     if (has_tma_c(VARIANT)) {
       const uint64_t dc[3] = {N, K, GL}, sc[2] = {N * ob, K * N * ob};
-      ok = ok && make_map(&mc, a.out, a.out_dtype, 3, dc, sc, box_c);
       const uint64_t dcf[4] = {boxc, K, N / boxc, GL}, scf[3] = {N * ob, boxc * ob, K * N * ob};
-      if (!per_box) ok = ok && make_map(&mcf, a.out, a.out_dtype, 4, dcf, scf, box_cf);
+      ok = ok && (per_box ? make_map(&mc, a.out, a.out_dtype, 3, dc, sc, box_c)
+                          : make_map(&mcf, a.out, a.out_dtype, 4, dcf, scf, box_cf));
     }
   } else {
     const uint64_t da[2] = {K, M}, sa[1] = {K * 2};
@@ -1099,8 +1099,9 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     }
     if (has_tma_c(VARIANT)) {
       const uint64_t dc[2] = {N, M}, sc[1] = {N * ob};
-      ok = ok && make_map(&mc, a.out, a.out_dtype, 2, dc, sc, box_c);
       const uint64_t dcf[3] = {boxc, M, N / boxc}, scf[2] = {N * ob, boxc * ob};
+      /* (V_TM's merged tiles store box by box whatever the rest does) */
+      if (per_box || MERGE) ok = ok && make_map(&mc, a.out, a.out_dtype, 2, dc, sc, box_c);
       if (!per_box) ok = ok && make_map(&mcf, a.out, a.out_dtype, 3, dcf, scf, box_cf);
     }
   }
