@@ -230,17 +230,11 @@ int main(int argc, char **argv) {
       c.fn<<<sms, 384, smem>>>(maps[0], maps[1], maps[2], maps[3], maps[4], nbox, code, blocks,
                                c.share, rows, sink, cyc);
       CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      CK(cudaGetLastError());
+      double mean;
+      const float t = probe_finish(e0, e1, cyc, sms, &mean);
       if (r == 0) continue;
-      float t;
-      CK(cudaEventElapsedTime(&t, e0, e1));
       ms[i].push_back(t);
-      std::vector<long long> h(sms);
-      CK(cudaMemcpy(h.data(), cyc, sms * sizeof(long long), cudaMemcpyDeviceToHost));
-      double mean = 0;
-      for (long long x : h) mean += (double)x;
-      cpb[i].push_back(mean / sms / blocks);
+      cpb[i].push_back(mean / blocks);
     }
   printf("%-58s %7s %10s %9s %7s %11s %8s %5s\n", "case", "ms", "cyc/block", "B/cyc/SM", "TB/s",
          "flop/cyc/SM", "of peak", "GHz");

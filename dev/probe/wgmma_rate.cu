@@ -122,17 +122,10 @@ int main(int argc, char **argv) {
       CK(cudaEventRecord(e0));
       kKernels[m]<<<sms, 256, SMEM>>>(blocks, sink, cyc);
       CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      CK(cudaGetLastError());
+      double mean;
+      const float t = probe_finish(e0, e1, cyc, sms, &mean);
       if (r == 0) continue; /* warm-up */
-      float t;
-      CK(cudaEventElapsedTime(&t, e0, e1));
       ms[m].push_back(t);
-      std::vector<long long> c(sms);
-      CK(cudaMemcpy(c.data(), cyc, sms * sizeof(long long), cudaMemcpyDeviceToHost));
-      double mean = 0;
-      for (long long x : c) mean += (double)x;
-      mean /= sms;
       cpw[m].push_back(mean / (2.0 * 4.0 * blocks));
     }
   printf("%-64s %8s %9s %11s %13s %9s\n", "mode", "ms", "TFLOP/s", "cyc/wgmma", "flop/cyc/SM",
