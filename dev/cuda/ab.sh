@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A/B of two builds of the harnesses in one call on the GPU machine, for a change that is not a
 # variant (a tile order, a launch parameter): dev/cuda/ab.sh DIR_A DIR_B, each DIR holding `gmm`
-# and `tgmm` built from the same harness source (each harness checks its versions against the CPU
-# reference first). The builds run in turn A B B A per op, so neither always runs first (the
+# and `tgmm` built from the same harness source (`BUILD=DIR tests/gpu/build.sh` in each tree; each
+# harness checks its versions against the CPU reference first). The builds run in turn A B B A per op, so neither always runs first (the
 # power state drifts over a call); dev/cuda/ab_table.py reads the four outputs back as B/A.
 # GMM_VERS / TGMM_VERS: the versions each harness times (default: the library's defaults, 35 / 25);
 # HARNESS_SHAPES, HARNESS_MODES, HARNESS_REPS pass through. Output: $OUT/ab-<op>-<i>-<A|B>.txt.
