@@ -115,6 +115,15 @@ class ShapeCalls:
         self.w_dense = make(k, n, device=dev, dtype=torch.bfloat16) * 0.02
         self.out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
         self.dw = torch.empty(g, k, n, device=dev, dtype=torch.bfloat16)
+        # cuBLAS batched at equal FLOPs: the same problem with every group M/G rows (no ragged edge),
+        # the weight gradient writing the same G*K*N output; the ceiling of a grouped kernel that
+        # tgmm's dense reference (one M x K x N product, a K x N output) is not
+        self.batched = m % g == 0
+        if self.batched:
+            self.xb = self.x.view(g, m // g, k)
+            self.dyb = self.dy.view(g, m // g, n)
+            self.out_b = torch.empty(g, m // g, n, device=dev, dtype=torch.bfloat16)
+            self.dw_b = torch.empty(g, k, n, device=dev, dtype=torch.bfloat16)
         self.desc = GmmDesc(
             ctypes.sizeof(GmmDesc), 1, m, k, n, g, g, SL_DTYPE_BF16, SL_DTYPE_BF16, SL_DTYPE_BF16, 0
         )
@@ -147,6 +156,11 @@ class ShapeCalls:
             "sluice_tgmm": sl_tgmm,
             "torch_grouped_mm_wgrad": lambda: torch._grouped_mm(x.t(), dy, offs=offs),
         }
+        if self.batched:
+            calls["cublas_batched"] = lambda: torch.bmm(self.xb, w, out=self.out_b)
+            calls["cublas_batched_wgrad"] = lambda: torch.bmm(
+                self.xb.transpose(1, 2), self.dyb, out=self.dw_b
+            )
         return calls, offs
 
 
@@ -393,6 +407,38 @@ def merge(args):
             f"{fmt(t.get('sluice_tgmm'))} | {fmt(t.get('torch_grouped_mm_wgrad'))} | {rd_wgrad} | "
             f"{fr(rs['tgmm/torch'])} | {fr(rs['tgmm/ragged'])} |"
         )
+    # the dense references against the peers (files from 2026-11-25 on also have cuBLAS batched)
+    refs = {
+        "cublas/torch": ("cublas_dense", "torch_grouped_mm"),
+        "cublas_batched/torch": ("cublas_batched", "torch_grouped_mm"),
+        "gmm/cublas_batched": ("sluice_gmm", "cublas_batched"),
+        "cublas_batched_wgrad/torch_wgrad": ("cublas_batched_wgrad", "torch_grouped_mm_wgrad"),
+        "tgmm/cublas_batched_wgrad": ("sluice_tgmm", "cublas_batched_wgrad"),
+    }
+    if any("cublas_batched" in r["tflops"] for r in rows):
+        lines += [
+            "",
+            "Dense references at equal FLOPs: cuBLAS dense is one M x K x N product (torch.mm); cuBLAS "
+            "batched is torch.bmm over G groups of exactly M/G rows (no ragged edge), the weight "
+            "gradient writing the same G x K x N output as tgmm.",
+            "",
+            "| shape | sizes | cuBLAS batched | cuBLAS batched wgrad | "
+            + " | ".join(refs)
+            + " |",
+            "|" + "---|" * (4 + len(refs)),
+        ]
+        for r in rows:
+            t = r["tflops"]
+            vals = {kk: ratio(r, a, b) for kk, (a, b) in refs.items()}
+            for kk, v in vals.items():
+                if v is not None:
+                    agg.setdefault(kk, []).append(v)
+            lines.append(
+                f"| {r['shape']} | {r['dist']} | {fmt(t.get('cublas_batched'))} | "
+                f"{fmt(t.get('cublas_batched_wgrad'))} | "
+                + " | ".join(fr(v) for v in vals.values())
+                + " |"
+            )
     lines += ["", "| ratio | median | min | max | cases |", "|---|---|---|---|---|"]
     summary = {}
     for kk, v in agg.items():
