@@ -6,6 +6,13 @@
  * from one of 3 rotating 48 KB "stages" of random bf16 in shared memory, the descriptors built as
  * the kernel builds them, commit, wait_group 1. No TMA, no mbarriers: the tensor pipe's own rate.
  *
+ * Session 26 added the 256x128 tile's consumer (cuBLAS's nvjet_..._256x128_64x4_1x2 on dsv3-down): per
+ * warpgroup two m64n128k16 on two separate 64-register accumulators (its 128 rows), in a 384-thread CTA
+ * whose first warpgroup only lowers its registers, as the kernel's producer does (168 registers at
+ * entry, the consumers raised to 232), the last k-block's two halves committed apart and the first
+ * read while the second drains ("split drain"). Does ptxas keep the wgmmas asynchronous there (no
+ * C75xx remark), and do they issue at the pipe's rate?
+ *
  * Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Icsrc/core \
  *          dev/probe/wgmma_rate.cu -o wgmma_rate
  * Run:   ./wgmma_rate [k-blocks per warpgroup, default 20000] */
@@ -90,6 +97,96 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(int blocks, float *sink, l
 #endif
 }
 
+/* m64n128k16 on a 64-register accumulator (N = 128) */
+#ifdef SLUICE_SM90A_DEVICE
+#define SL_WGMMA_REGS64 "{" SL_WGMMA_REGS_LO "}"
+#define SL_WGMMA_ACC64(d) SL_WGMMA_ACC_LO(d)
+#define SL_WGMMA_PRE64 "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
+#define SL_WGMMA_POST64 ", %64, %65, p, 1, 1, %66, %67;\n}\n"
+SL_WGMMA_FN(wgmma_m64n128k16_bf16, "m64n128k16", "bf16", 64)
+
+__device__ __forceinline__ void fence64(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+#endif
+
+/* The 256x128 tile's consumers (see the header): 384 threads, warpgroups 1-2 compute. */
+__global__ void __launch_bounds__(384, 1) two_acc_kernel(int blocks, float *sink, long long *cycles) {
+#ifdef SLUICE_SM90A_DEVICE
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char *base = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  for (int i = threadIdx.x; i < STAGES * SBYTES / 4; i += blockDim.x) {
+    uint32_t x = (uint32_t)i * 2654435761u ^ (blockIdx.x * 40503u);
+    x ^= x >> 16, x *= 0x7feb352du, x ^= x >> 15, x *= 0x846ca68bu, x ^= x >> 16;
+    const uint32_t lo = 0x3f80u | ((x & 0x7fu)) | ((x & 0x80u) << 8);
+    const uint32_t hi = 0x3f00u | ((x >> 8) & 0x7fu) | (((x >> 15) & 1u) << 15);
+    reinterpret_cast<uint32_t *>(base)[i] = lo | (hi << 16);
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int cw = threadIdx.x / 128 - 1, lt = threadIdx.x & 127;
+  const uint32_t stage0 = smem_u32(base);
+  constexpr int BOX = 64 * 64 * 2;
+  float acc0[64], acc1[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.f;
+  const long long t0 = clock64();
+  int s = 0;
+  /* a stage: A 256 rows x 64 (32 KB, 8 KB a 64-row slice), B 64 x 128 (two 64x64 boxes, 16 KB) */
+  auto issue = [&](float(&d)[64], int slice, uint32_t st) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t da = make_desc(st + slice * 64 * 128 + kk * 32, 16, 1024);
+      const uint64_t db = make_desc(st + 32768 + kk * 2048, BOX, 1024);
+      wgmma_m64n128k16_bf16<0, 1>(d, da, db, 1);
+    }
+  };
+  for (int kb = 0; kb < blocks - 1; ++kb) {
+    const uint32_t st = stage0 + s * SBYTES;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) { /* the two halves per k16 step, as a tiled MMA would */
+      const uint64_t db = make_desc(st + 32768 + kk * 2048, BOX, 1024);
+      wgmma_m64n128k16_bf16<0, 1>(acc0, make_desc(st + (2 * cw) * 64 * 128 + kk * 32, 16, 1024),
+                                  db, 1);
+      wgmma_m64n128k16_bf16<0, 1>(acc1,
+                                  make_desc(st + (2 * cw + 1) * 64 * 128 + kk * 32, 16, 1024), db, 1);
+    }
+    wgmma_commit();
+    wgmma_wait1();
+    fence64(acc0);
+    fence64(acc1);
+    if (++s == STAGES) s = 0;
+  }
+  /* the last k-block: the halves committed apart, the first read while the second drains */
+  const uint32_t st = stage0 + s * SBYTES;
+  wgmma_fence();
+  issue(acc0, 2 * cw, st);
+  wgmma_commit();
+  issue(acc1, 2 * cw + 1, st);
+  wgmma_commit();
+  wgmma_wait1();
+  fence64(acc0);
+  float sum0 = 0.f;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) sum0 += acc0[i];
+  wgmma_wait0();
+  fence64(acc1);
+  const long long t1 = clock64();
+  float sum1 = 0.f;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) sum1 += acc1[i];
+  sink[blockIdx.x * 256 + cw * 128 + lt] = sum0 + sum1;
+  if (threadIdx.x == 128) cycles[blockIdx.x] = t1 - t0;
+#endif
+}
+
 typedef void (*KernelFn)(int, float *, long long *);
 static const KernelFn kKernels[NMODES] = {rate_kernel<PLAIN256>, rate_kernel<PLAIN192>,
                                           rate_kernel<TRANS256>, rate_kernel<TRANS192>,
@@ -143,7 +240,31 @@ int main(int argc, char **argv) {
     printf("%-64s %8.3f %9.1f %11.1f %13.0f %8.3fx\n", kNames[m], t, flops / t / 1e9, c, per_cyc,
            per_cyc / per_cyc256);
   }
+  /* the 256x128 tile's consumers (two m64n128 per warpgroup per k16 step) */
+  CK(cudaFuncSetAttribute(two_acc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+  std::vector<float> ms2;
+  std::vector<double> cpw2;
+  for (int r = 0; r < reps + 1; ++r) {
+    CK(cudaEventRecord(e0));
+    two_acc_kernel<<<sms, 384, SMEM>>>(blocks, sink, cyc);
+    CK(cudaEventRecord(e1));
+    double mean;
+    const float t = probe_finish(e0, e1, cyc, sms, &mean);
+    if (r == 0) continue;
+    ms2.push_back(t);
+    cpw2.push_back(mean / (2.0 * 4.0 * blocks)); /* per k16 step (two m64n128) per SM */
+  }
+  std::sort(ms2.begin(), ms2.end());
+  std::sort(cpw2.begin(), cpw2.end());
+  {
+    const double flop_step = 2.0 * 128 * 128 * 16; /* one warpgroup's k16 step: 128 rows x 128 */
+    const double c = cpw2[reps / 2];
+    printf("%-64s %8.3f %9.1f %11.1f %13.0f %8.3fx\n",
+           "2 x m64n128k16 per warpgroup (256x128 tile, 384 threads)", ms2[reps / 2],
+           flop_step * 4.0 * blocks * 2.0 * sms / ms2[reps / 2] / 1e9, c, flop_step / c,
+           flop_step / c / per_cyc256);
+  }
   printf("(flop/cyc/SM: per SM cycle, both warpgroups; the dense bf16 peak is 4096 = 989 TFLOP/s at "
-         "1830 MHz on 132 SMs; clocks left alone)\n");
+         "1830 MHz on 132 SMs; clocks left alone; cyc/wgmma of the last row: per k16 step of two)\n");
   return 0;
 }
