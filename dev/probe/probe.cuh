@@ -39,4 +39,35 @@ static inline float probe_finish(cudaEvent_t e0, cudaEvent_t e1, const long long
   return t;
 }
 
+#ifdef SLUICE_SM90A_DEVICE
+namespace sluice_cuda {
+namespace sm90 {
+/* m64n128k16 on a 64-register accumulator (N = 128; the library has no use for it; session 26's
+ * probes of a 256x128 tile do) */
+#define SL_WGMMA_REGS64 "{" SL_WGMMA_REGS_LO "}"
+#define SL_WGMMA_ACC64(d) SL_WGMMA_ACC_LO(d)
+#define SL_WGMMA_PRE64 "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
+#define SL_WGMMA_POST64 ", %64, %65, p, 1, 1, %66, %67;\n}\n"
+SL_WGMMA_FN(wgmma_m64n128k16_bf16, "m64n128k16", "bf16", 64)
+
+__device__ __forceinline__ void fence64(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+} /* namespace sm90 */
+} /* namespace sluice_cuda */
+
+/* Random bf16 in +-[0.5, 2) over `bytes` of shared memory from base, by the whole CTA: the
+ * multipliers switch as on real data. */
+__device__ __forceinline__ void fill_smem_random(unsigned char *base, int bytes) {
+  for (int i = threadIdx.x; i < bytes / 4; i += blockDim.x) {
+    uint32_t x = (uint32_t)i * 2654435761u ^ (blockIdx.x * 40503u);
+    x ^= x >> 16, x *= 0x7feb352du, x ^= x >> 15, x *= 0x846ca68bu, x ^= x >> 16;
+    const uint32_t lo = 0x3f80u | ((x & 0x7fu)) | ((x & 0x80u) << 8);       /* +-[1, 2) */
+    const uint32_t hi = 0x3f00u | ((x >> 8) & 0x7fu) | (((x >> 15) & 1u) << 15); /* +-[0.5, 1) */
+    reinterpret_cast<uint32_t *>(base)[i] = lo | (hi << 16);
+  }
+}
+#endif
+
 #endif /* SLUICE_DEV_PROBE_CUH_ */

@@ -26,15 +26,8 @@
 #include "../../csrc/cuda/gmm_launch.cu"
 #include "../../csrc/cuda/sm80_gmm.cu"
 #include "../../csrc/cuda/sm90_gmm.cu"
+#include "probe.cuh"
 
-#define CK(x)                                                                    \
-  do {                                                                           \
-    cudaError_t e_ = (x);                                                        \
-    if (e_ != cudaSuccess) {                                                     \
-      fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      exit(1);                                                                   \
-    }                                                                            \
-  } while (0)
 
 using namespace sluice_cuda;
 using namespace sluice_cuda::sm90;
@@ -48,18 +41,6 @@ constexpr int A_BYTES2 = TM * KB * 2, SB = A_BYTES2 + TN * KB * 2; /* 32 + 16 KB
 __host__ __device__ constexpr int cb_of(int stg) { return stg == 3 ? TM * TN * 2 : TM * TN; }
 constexpr size_t smem_of(int stg) { return 1024 + (size_t)stg * SB + cb_of(stg) + 2 * stg * 8; }
 
-#ifdef SLUICE_SM90A_DEVICE
-#define SL_WGMMA_REGS64 "{" SL_WGMMA_REGS_LO "}"
-#define SL_WGMMA_ACC64(d) SL_WGMMA_ACC_LO(d)
-#define SL_WGMMA_PRE64 "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
-#define SL_WGMMA_POST64 ", %64, %65, p, 1, 1, %66, %67;\n}\n"
-SL_WGMMA_FN(wgmma_m64n128k16_bf16, "m64n128k16", "bf16", 64)
-
-__device__ __forceinline__ void fence64(float (&d)[64]) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-#endif
 
 /* rows: every group's (a multiple of TM); tiles: G x (rows / TM) x (N / TN), row tiles innermost */
 template <int STG>

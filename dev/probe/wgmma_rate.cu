@@ -30,21 +30,23 @@ static const char *kNames[NMODES] = {
     "transposed m64n160k16 (V_TM merged tile, 129..160 rows)"};
 static const int kN[NMODES] = {256, 192, 256, 192, 160};
 
+#ifdef SLUICE_SM90A_DEVICE
+/* The dynamic shared memory, 1 KB-aligned, its stages filled with random bf16 and fenced for the
+ * async proxy (wgmma reads it), by the whole CTA. */
+__device__ __forceinline__ unsigned char *random_stages() {
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char *base = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  fill_smem_random(base, STAGES * SBYTES);
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  return base;
+}
+#endif
+
 template <int MODE>
 __global__ void __launch_bounds__(256, 1) rate_kernel(int blocks, float *sink, long long *cycles) {
 #ifdef SLUICE_SM90A_DEVICE
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char *base = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-  /* random bf16 in [-1, 1): the multipliers switch as on real data */
-  for (int i = threadIdx.x; i < STAGES * SBYTES / 4; i += blockDim.x) {
-    uint32_t x = (uint32_t)i * 2654435761u ^ (blockIdx.x * 40503u);
-    x ^= x >> 16, x *= 0x7feb352du, x ^= x >> 15, x *= 0x846ca68bu, x ^= x >> 16;
-    const uint32_t lo = 0x3f80u | ((x & 0x7fu)) | ((x & 0x80u) << 8);       /* +-[1, 2) */
-    const uint32_t hi = 0x3f00u | ((x >> 8) & 0x7fu) | (((x >> 15) & 1u) << 15); /* +-[0.5, 1) */
-    reinterpret_cast<uint32_t *>(base)[i] = lo | (hi << 16);
-  }
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  __syncthreads();
+  unsigned char *base = random_stages();
   const int cw = threadIdx.x / 128;
   const uint32_t stage0 = smem_u32(base);
   float acc[128];
@@ -97,34 +99,11 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(int blocks, float *sink, l
 #endif
 }
 
-/* m64n128k16 on a 64-register accumulator (N = 128) */
-#ifdef SLUICE_SM90A_DEVICE
-#define SL_WGMMA_REGS64 "{" SL_WGMMA_REGS_LO "}"
-#define SL_WGMMA_ACC64(d) SL_WGMMA_ACC_LO(d)
-#define SL_WGMMA_PRE64 "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
-#define SL_WGMMA_POST64 ", %64, %65, p, 1, 1, %66, %67;\n}\n"
-SL_WGMMA_FN(wgmma_m64n128k16_bf16, "m64n128k16", "bf16", 64)
-
-__device__ __forceinline__ void fence64(float (&d)[64]) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-#endif
 
 /* The 256x128 tile's consumers (see the header): 384 threads, warpgroups 1-2 compute. */
 __global__ void __launch_bounds__(384, 1) two_acc_kernel(int blocks, float *sink, long long *cycles) {
 #ifdef SLUICE_SM90A_DEVICE
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char *base = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-  for (int i = threadIdx.x; i < STAGES * SBYTES / 4; i += blockDim.x) {
-    uint32_t x = (uint32_t)i * 2654435761u ^ (blockIdx.x * 40503u);
-    x ^= x >> 16, x *= 0x7feb352du, x ^= x >> 15, x *= 0x846ca68bu, x ^= x >> 16;
-    const uint32_t lo = 0x3f80u | ((x & 0x7fu)) | ((x & 0x80u) << 8);
-    const uint32_t hi = 0x3f00u | ((x >> 8) & 0x7fu) | (((x >> 15) & 1u) << 15);
-    reinterpret_cast<uint32_t *>(base)[i] = lo | (hi << 16);
-  }
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  __syncthreads();
+  unsigned char *base = random_stages();
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     return;
