@@ -1,4 +1,5 @@
-"""Grouped GEMM benchmark: sluice gmm/tgmm against torch._grouped_mm, dense cuBLAS and jax ragged_dot.
+"""Grouped GEMM benchmark: sluice gmm/tgmm against torch._grouped_mm, cuBLAS (one dense product, and
+batched over equal-size groups) and jax ragged_dot.
 
 Run on one GPU (bench/run_gpu.sh does it):
   python3 bench/bench_gmm.py --part torch --lib build-gpu/libsluice_gpu.so --out torch.json
@@ -98,8 +99,9 @@ def time_cuda(fns, iters, warmup=3, info=None, mode="queued"):
 
 class ShapeCalls:
     """Inputs of one shape on the GPU (bf16, seed 0) and, per group-size vector, the timed calls:
-    sluice gmm/tgmm through the C API, torch._grouped_mm (forward, weight gradient) and a dense
-    cuBLAS product of the same FLOPs."""
+    sluice gmm/tgmm through the C API, torch._grouped_mm (forward, weight gradient), a dense
+    cuBLAS product of the same FLOPs and, where G divides M, cuBLAS batched over G groups of M/G
+    rows (forward and weight gradient)."""
 
     def __init__(self, lib, shape, zeros=False):
         import torch
