@@ -22,13 +22,16 @@
 constexpr int STAGES = 3, SBYTES = 48 * 1024, SMEM = STAGES * SBYTES + 1024;
 
 /* modes: what one k16 step issues per warpgroup */
-enum Mode { PLAIN256, PLAIN192, TRANS256, TRANS192, TRANS160, NMODES };
+enum Mode { PLAIN256, PLAIN192, TRANS256, TRANS192, TRANS160, TWO128, NMODES };
 static const char *kNames[NMODES] = {
     "plain m64n256k16 (gmm: A K-major, B N-major)", "plain m64n192k16 (same layouts)",
     "transposed m64n256k16 (A = weights MN-major, B = rows K-major)",
     "transposed m64n192k16 (V_TM merged tile, 129..192 rows)",
-    "transposed m64n160k16 (V_TM merged tile, 129..160 rows)"};
-static const int kN[NMODES] = {256, 192, 256, 192, 160};
+    "transposed m64n160k16 (V_TM merged tile, 129..160 rows)",
+    "2 x m64n128k16 per warpgroup (256x128 tile, 384 threads)"};
+/* a warpgroup's k16 step as 64 rows x kN columns (TWO128: two m64n128, the flops of one n256) */
+static const int kN[NMODES] = {256, 192, 256, 192, 160, 256};
+static const int kThreads[NMODES] = {256, 256, 256, 256, 256, 384};
 
 #ifdef SLUICE_SM90A_DEVICE
 /* The dynamic shared memory, 1 KB-aligned, its stages filled with random bf16 and fenced for the
@@ -169,7 +172,7 @@ __global__ void __launch_bounds__(384, 1) two_acc_kernel(int blocks, float *sink
 typedef void (*KernelFn)(int, float *, long long *);
 static const KernelFn kKernels[NMODES] = {rate_kernel<PLAIN256>, rate_kernel<PLAIN192>,
                                           rate_kernel<TRANS256>, rate_kernel<TRANS192>,
-                                          rate_kernel<TRANS160>};
+                                          rate_kernel<TRANS160>, two_acc_kernel};
 
 int main(int argc, char **argv) {
   const int blocks = argc > 1 ? atoi(argv[1]) : 20000;
@@ -196,7 +199,7 @@ int main(int argc, char **argv) {
   for (int r = 0; r < reps + 1; ++r)
     for (int m = 0; m < NMODES; ++m) {
       CK(cudaEventRecord(e0));
-      kKernels[m]<<<sms, 256, SMEM>>>(blocks, sink, cyc);
+      kKernels[m]<<<sms, kThreads[m], SMEM>>>(blocks, sink, cyc);
       CK(cudaEventRecord(e1));
       double mean;
       const float t = probe_finish(e0, e1, cyc, sms, &mean);
@@ -218,30 +221,6 @@ int main(int argc, char **argv) {
     if (m == 0) per_cyc256 = per_cyc;
     printf("%-64s %8.3f %9.1f %11.1f %13.0f %8.3fx\n", kNames[m], t, flops / t / 1e9, c, per_cyc,
            per_cyc / per_cyc256);
-  }
-  /* the 256x128 tile's consumers (two m64n128 per warpgroup per k16 step) */
-  CK(cudaFuncSetAttribute(two_acc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
-  std::vector<float> ms2;
-  std::vector<double> cpw2;
-  for (int r = 0; r < reps + 1; ++r) {
-    CK(cudaEventRecord(e0));
-    two_acc_kernel<<<sms, 384, SMEM>>>(blocks, sink, cyc);
-    CK(cudaEventRecord(e1));
-    double mean;
-    const float t = probe_finish(e0, e1, cyc, sms, &mean);
-    if (r == 0) continue;
-    ms2.push_back(t);
-    cpw2.push_back(mean / (2.0 * 4.0 * blocks)); /* per k16 step (two m64n128) per SM */
-  }
-  std::sort(ms2.begin(), ms2.end());
-  std::sort(cpw2.begin(), cpw2.end());
-  {
-    const double flop_step = 2.0 * 128 * 128 * 16; /* one warpgroup's k16 step: 128 rows x 128 */
-    const double c = cpw2[reps / 2];
-    printf("%-64s %8.3f %9.1f %11.1f %13.0f %8.3fx\n",
-           "2 x m64n128k16 per warpgroup (256x128 tile, 384 threads)", ms2[reps / 2],
-           flop_step * 4.0 * blocks * 2.0 * sms / ms2[reps / 2] / 1e9, c, flop_step / c,
-           flop_step / c / per_cyc256);
   }
   printf("(flop/cyc/SM: per SM cycle, both warpgroups; the dense bf16 peak is 4096 = 989 TFLOP/s at "
          "1830 MHz on 132 SMs; clocks left alone; cyc/wgmma of the last row: per k16 step of two)\n");
