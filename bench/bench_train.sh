@@ -14,6 +14,9 @@
 #   SEEDS     convergence: the seeds (default '0 1')
 #   CONTROL   convergence: 1 adds 'nodrop', the dense path with a capacity that drops nothing (the
 #             same model as dropless computed another way: the spread between the two is the noise)
+#   PROFILE   tgs: N > 0 also traces N steps of each path after its compiling step (sluice-train
+#             --profile; left out of its TGS) and copies where their device time went to
+#             OUT/profile-<path>.txt (the traces stay in OUT/<path>/profile)
 #   EP        expert-parallel degree (default 1); DEVICES: use the first N devices
 #   DATA      a token file from sluice-prepare-data (default: the installed Python docs)
 #   EXTRA     more sluice-train flags; PY: the python (default python3)
@@ -53,11 +56,13 @@ finished() {  # NAME STEPS: the run's last evaluation was at step STEPS
 case $mode in
 tgs)
   flags=(--preset "${PRESET:-small}" --steps "${STEPS:-30}" --log-every 5 --eval-every 0 --no-ckpt)
+  [[ "${PROFILE:-0}" -gt 0 ]] && flags+=(--profile "$PROFILE")
   for name in ${IMPLS:-dense-cf1.25 dense-cf2.0 ragged_dot sluice}; do
     case $name in
       dense-cf*) run "$name" "${flags[@]}" --moe-impl dense --capacity-factor "${name#dense-cf}" ;;
       *) run "$name" "${flags[@]}" --moe-impl "$name" ;;
     esac
+    cp "$out/$name/profile/summary.txt" "$out/profile-$name.txt" 2>/dev/null || true
   done
   "$py" "$here/summarize_train.py" tgs "$out"
   ;;

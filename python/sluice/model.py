@@ -27,6 +27,7 @@ from flax import nnx
 from sluice.moe import MoE, MoEConfig, SwiGLU
 
 VOCAB_SIZE = 320  # 256 bytes + specials (sluice.data), rounded up to a multiple of 64
+ONE_HOT_MAX_VOCAB = 4096  # embedding lookups as one-hot matmuls up to this vocabulary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +43,9 @@ class ModelConfig:
     rope_theta: float = 10000.0
     dtype: Any = jnp.bfloat16
     init_std: float = 0.02
+    # "auto": cuDNN's fused attention where it applies (a GPU, 16-bit inputs, head_dim a multiple
+    # of 8 up to 128), else XLA's; or "xla" / "cudnn" (jax.nn.dot_product_attention's choices)
+    attention: str = "auto"
 
     def active_params(self) -> int:
         """Parameters touched per token, embedding lookup excluded (the output head counted)."""
@@ -95,6 +99,17 @@ def apply_rope(x, cos, sin):
     return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
 
 
+def attention_impl(cfg: ModelConfig) -> str | None:
+    """jax.nn.dot_product_attention's implementation for cfg. Its own default is XLA's, which
+    materialises the S x S scores: on one H200 it took ~10 ms of each dsv3-proxy layer's training
+    step (bench/results/profile-h200-20261125.md), where cuDNN's fused kernel needs ~1-2."""
+    if cfg.attention != "auto":
+        return cfg.attention
+    fits = cfg.head_dim % 8 == 0 and cfg.head_dim <= 128
+    half = jnp.dtype(cfg.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    return "cudnn" if jax.default_backend() == "gpu" and fits and half else None
+
+
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d, h, hd = cfg.d_model, cfg.n_heads, cfg.head_dim
@@ -104,11 +119,12 @@ class Attention(nnx.Module):
         )
         self.wo = nnx.Param(jax.random.normal(rngs.params(), (h, hd, d), jnp.float32) * out_std)
         self.dtype = cfg.dtype
+        self.impl = attention_impl(cfg)
 
     def __call__(self, x, cos, sin):
         qkv = jnp.einsum("bsd,dthk->tbshk", x, self.wqkv[...].astype(self.dtype))
         q, k = apply_rope(qkv[0], cos, sin), apply_rope(qkv[1], cos, sin)
-        o = jax.nn.dot_product_attention(q, k, qkv[2], is_causal=True)
+        o = jax.nn.dot_product_attention(q, k, qkv[2], is_causal=True, implementation=self.impl)
         return jnp.einsum("bshk,hkd->bsd", o, self.wo[...].astype(self.dtype))
 
 
@@ -159,7 +175,16 @@ class Transformer(nnx.Module):
     def __call__(self, tokens):
         cfg = self.cfg
         cos, sin = rope_tables(tokens.shape[1], cfg.head_dim, cfg.rope_theta)
-        x = self.embed[...].astype(cfg.dtype)[tokens]
+        emb = self.embed[...].astype(cfg.dtype)
+        if cfg.vocab_size <= ONE_HOT_MAX_VOCAB:
+            # The same rows as emb[tokens], exactly. The gather's gradient is a scatter-add of every
+            # token into a few hundred rows, which XLA runs as contended atomics (31 ms of a 221 ms
+            # dsv3-proxy step on one H200, bench/results/profile-h200-20261125.md); this one's is
+            # a GEMM.
+            one_hot = jax.nn.one_hot(tokens, cfg.vocab_size, dtype=emb.dtype)
+            x = jnp.einsum("bsv,vd->bsd", one_hot, emb)
+        else:
+            x = emb[tokens]
         stats = []
         for layer in self.layers:
             x, st = layer(x, cos, sin)

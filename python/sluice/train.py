@@ -98,6 +98,13 @@ def parse_args(argv=None):
         help="also split the routed experts' weights and optimizer state over the data axis",
     )
     p.add_argument("--n-layers", type=int, help="override the preset's layer count")
+    p.add_argument(
+        "--attention",
+        choices=("auto", "xla", "cudnn"),
+        default="auto",
+        help="jax.nn.dot_product_attention's implementation (auto: cuDNN's fused kernel on a GPU "
+        "for 16-bit activations, else XLA's)",
+    )
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--eval-batches", type=int, default=8)
     p.add_argument("--log-every", type=int, default=10)
@@ -111,6 +118,15 @@ def parse_args(argv=None):
         "--data", help="token file from sluice-prepare-data (default: read the installed docs)"
     )
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="trace the N steps after the compiling one with jax.profiler into RUN_DIR/profile and "
+        "write where their device time went to RUN_DIR/profile/summary.txt (sluice-profile); "
+        "those steps are left out of the logged TGS and MFU",
+    )
     return p.parse_args(argv)
 
 
@@ -132,7 +148,7 @@ def build_config(a) -> tuple[ModelConfig, dict]:
         fsdp=a.fsdp,
         ep_rows_factor=a.ep_rows_factor,
     )
-    cfg = dataclasses.replace(cfg, moe=moe)
+    cfg = dataclasses.replace(cfg, moe=moe, attention=a.attention)
     if a.n_layers:
         cfg = dataclasses.replace(
             cfg, n_layers=a.n_layers, n_dense_layers=min(cfg.n_dense_layers, a.n_layers - 1)
@@ -377,15 +393,35 @@ def run(argv=None) -> dict:
         if bar:
             bar.update(1)
     window_start, window_steps = time.perf_counter(), 0
+    profile_end = min(step + a.profile, hp["steps"]) if a.profile > 0 else None
+    if profile_end is not None:
+        prof_dir = os.path.join(out, "profile")
+        profile_steps = profile_end - step
+        jax.profiler.start_trace(prof_dir)
     while step < hp["steps"]:
         m = step_once(step)
         if strict:
             worst = jnp.maximum(worst, m["dropped"])
         step += 1
         window_steps += 1
+        if step == profile_end:
+            if strict and float(worst) > 0:  # (the log's check, which these steps skip)
+                raise SystemExit(f"sluice-train: a profiled step dropped {float(worst):.2%}")
+            jax.block_until_ready(m)
+            jax.profiler.stop_trace()
+            train_time += time.perf_counter() - window_start
+            window_start, window_steps, profile_end = time.perf_counter(), 0, None
+            from sluice import profile
+
+            summary_txt = profile.summarize(prof_dir, steps=profile_steps)
+            with open(os.path.join(prof_dir, "summary.txt"), "w") as f:
+                f.write(summary_txt)
+            print(summary_txt, file=sys.stderr)
         do_eval = a.eval_every and (step % a.eval_every == 0 or step == hp["steps"])
         do_ckpt = ckpt and (step == hp["steps"] or (ckpt_every and step % ckpt_every == 0))
-        if step % a.log_every == 0 or step == hp["steps"] or do_eval or do_ckpt:
+        # no record while profiling, nor for the empty window the profiled steps leave
+        logs = step % a.log_every == 0 or step == hp["steps"] or do_eval or do_ckpt
+        if logs and window_steps and profile_end is None:
             m, worst_seen = jax.device_get((m, worst))  # the only host sync of the loop
             if strict and worst_seen > 0:
                 raise SystemExit(

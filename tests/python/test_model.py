@@ -51,6 +51,51 @@ def test_expert_paths_give_the_same_model():
         np.testing.assert_array_equal(aux["dropped"], 0.0)
 
 
+def test_one_hot_embedding_is_the_lookup(monkeypatch):
+    """The embedding as a one-hot matmul (vocabularies up to ONE_HOT_MAX_VOCAB) gives the lookup's
+    activations bit for bit in bf16 and the same embedding gradient (the lookup's is a
+    scatter-add)."""
+    from sluice import model as model_mod
+
+    cfg = dataclasses.replace(TINY, dtype=jnp.bfloat16)
+    tokens = jax.random.randint(jax.random.key(1), (2, 32), 0, cfg.vocab_size)
+
+    def run():
+        m = Transformer(cfg, rngs=nnx.Rngs(0))
+        graphdef, params, rest = nnx.split(m, nnx.Param, ...)
+
+        def loss(p):
+            logits, _ = nnx.merge(graphdef, p, rest)(tokens)
+            return jnp.square(logits.astype(jnp.float32)).mean(), logits
+
+        (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+        return logits, grads["embed"][...]
+
+    logits, g = run()
+    monkeypatch.setattr(model_mod, "ONE_HOT_MAX_VOCAB", 0)
+    ref_logits, ref_g = run()
+    np.testing.assert_array_equal(
+        np.asarray(logits, np.float32), np.asarray(ref_logits, np.float32)
+    )
+    np.testing.assert_allclose(g, ref_g, rtol=2e-2, atol=1e-6)
+    assert np.abs(np.asarray(g)).sum() > 0
+
+
+def test_attention_implementation_choice():
+    gpu = jax.default_backend() == "gpu"
+    assert model_mod_attention(dataclasses.replace(TINY, dtype=jnp.bfloat16)) == (
+        "cudnn" if gpu else None
+    )
+    assert model_mod_attention(TINY) is None  # f32: XLA's
+    assert model_mod_attention(dataclasses.replace(TINY, attention="xla")) == "xla"
+
+
+def model_mod_attention(cfg):
+    from sluice.model import attention_impl
+
+    return attention_impl(cfg)
+
+
 def test_parameter_counts():
     model = Transformer(TINY, rngs=nnx.Rngs(0))
     counted = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
@@ -280,3 +325,55 @@ def test_training_stops_when_the_ep_rows_bound_drops(tmp_path):
     train.main(argv + ["--ep-rows-factor", "2.0", "--out", str(tmp_path / "fits")])
     with pytest.raises(SystemExit, match="ep-rows-factor"):
         train.main(argv + ["--ep-rows-factor", "0.05", "--out", str(tmp_path / "drops")])
+
+
+def test_profile_traces_steps_and_leaves_them_out_of_the_log(tmp_path):
+    """--profile 2: the two steps after the compiling one are traced, summarised by sluice-profile
+    (the CPU runtime's op time, by category and by op), and not logged as training steps."""
+    from sluice import profile, train
+
+    corpus = _random_corpus(tmp_path / "small.npz", 1_000)
+    out = str(tmp_path / "run")
+    train.main(
+        [
+            "--preset",
+            "tiny",
+            "--moe-impl",
+            "sluice",
+            "--steps",
+            "5",
+            "--warmup",
+            "1",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "16",
+            "--n-layers",
+            "2",
+            "--devices",
+            "1",
+            "--data",
+            corpus,
+            "--no-progress",
+            "--no-ckpt",
+            "--eval-every",
+            "0",
+            "--log-every",
+            "1",
+            "--profile",
+            "2",
+            "--out",
+            out,
+        ]
+    )
+    assert [r["step"] for r in _records(out, "train")] == [4, 5]
+    with open(os.path.join(out, "profile", "summary.txt")) as f:
+        text = f.read()
+    assert "op time:" in text and "(2 steps)" in text
+    rows, where = profile.op_events(profile.trace_file(os.path.join(out, "profile")))
+    assert where == "host" and len(rows) > 10 and sum(d for _, _, d in rows) > 0
+    # the per-op table lists the ops that took the most time first
+    assert text == profile.summarize(os.path.join(out, "profile"), steps=2)
+    assert profile.category("sluice_cuda::sm90::gmm_kernel<bf16>") == "sluice"
+    assert profile.category("nvjet_sm90_tst_192x192") == "gemm"
+    assert profile.category("loop_multiply_fusion") == "other fusion"

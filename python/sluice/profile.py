@@ -1,0 +1,113 @@
+"""Where a traced run's device time goes.
+
+Reads the trace that ``jax.profiler`` writes (``sluice-train --profile N`` makes one of N training steps)
+and sums the time of every XLA op's work: on a GPU the kernels of the device's streams, on the CPU the
+thunks the XLA CPU runtime ran. Prints the totals by category (sluice's kernels, GEMMs, attention,
+collectives, copies, the rest of XLA's fusions) and the ops that took the most time.
+
+    sluice-profile RUN_DIR/profile [--steps N] [--top K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+
+# first match wins; matched against the kernel (GPU) or op (CPU) name, lower case
+CATEGORIES = (
+    ("sluice", r"sluice"),
+    ("ffi call", r"ffi_call|custom.?call"),  # (on the CPU: sluice's ops, by their HLO name)
+    ("attention", r"flash|fmha|attention|sdpa|cudnn"),
+    ("gemm", r"gemm|nvjet|cutlass|xmma|cublas|matmul|ynn_dot|(^|_)dot"),
+    ("collective", r"nccl|all.?reduce|all.?gather|all.?to.?all|reduce.?scatter|collective"),
+    ("copy/memset", r"memcpy|memset|^copy|_copy|transpose"),
+    ("reduction", r"reduce|scan|sort|top.?k"),
+)
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    for cat, pattern in CATEGORIES:
+        if re.search(pattern, low):
+            return cat
+    return "other fusion"
+
+
+def trace_file(trace_dir: str) -> str:
+    """The newest ``*.trace.json.gz`` under trace_dir (jax.profiler's plugins/profile/<run>/)."""
+    found = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
+    if not found:
+        raise FileNotFoundError(f"sluice-profile: no *.trace.json.gz under {trace_dir}")
+    return max(found, key=os.path.getmtime)
+
+
+def op_events(path: str) -> tuple[list[tuple[str, str, float]], str]:
+    """(kernel or op name, HLO op, microseconds) of every event with an ``hlo_op``, from the GPU
+    processes when the trace has any, else from the host's; and which of the two it was."""
+    with gzip.open(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    pname = {
+        e["pid"]: e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
+    ops = [e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})]
+    gpu = [e for e in ops if "GPU" in pname.get(e["pid"], "")]
+    chosen, where = (gpu, "GPU") if gpu else (ops, "host")
+    return [(e["name"], e["args"]["hlo_op"], float(e.get("dur", 0.0))) for e in chosen], where
+
+
+def summarize(trace_dir: str, steps: int | None = None, top: int = 40) -> str:
+    """The summary table as text: per category and per op, total ms, per step when steps is
+    given, and share of the traced op time."""
+    path = trace_file(trace_dir)
+    rows, where = op_events(path)
+    total = sum(d for _, _, d in rows)
+    per = steps or 1
+    by_cat: dict[str, float] = collections.Counter()
+    # by kernel (GPU: the same kernel runs under several HLO ops, e.g. each CUDA graph's
+    # command_buffer) or by op (host: the op's name is all there is)
+    by_op: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+    for name, _op, dur in rows:
+        by_cat[category(name)] += dur
+        acc = by_op[name]
+        acc[0] += dur
+        acc[1] += 1
+    unit = "ms/step" if steps else "ms"
+    lines = [
+        f"# {path}",
+        f"# {where} op time: {total / 1e3 / per:.2f} {unit} over {len(rows)} op executions"
+        + (f" ({steps} steps)" if steps else ""),
+        "",
+        f"{'category':<14} {unit:>10} {'share':>7}",
+    ]
+    for cat, dur in sorted(by_cat.items(), key=lambda kv: -kv[1]):
+        lines.append(f"{cat:<14} {dur / 1e3 / per:>10.3f} {dur / max(total, 1e-9):>7.1%}")
+    lines += ["", f"{unit:>10} {'share':>7} {'calls':>6}  category      {where} op / kernel"]
+    for name, (dur, n) in sorted(by_op.items(), key=lambda kv: -kv[1][0])[:top]:
+        short = name if len(name) <= 120 else name[:117] + "..."
+        lines.append(
+            f"{dur / 1e3 / per:>10.3f} {dur / max(total, 1e-9):>7.1%} {n:>6}  "
+            f"{category(name):<13} {short}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="sluice-profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("trace_dir", help="the directory jax.profiler wrote (RUN_DIR/profile)")
+    p.add_argument("--steps", type=int, help="steps traced: figures per step")
+    p.add_argument("--top", type=int, default=40, help="ops listed")
+    a = p.parse_args(argv)
+    sys.stdout.write(summarize(a.trace_dir, a.steps, a.top))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
