@@ -43,8 +43,9 @@ class ModelConfig:
     rope_theta: float = 10000.0
     dtype: Any = jnp.bfloat16
     init_std: float = 0.02
-    # "auto": cuDNN's fused attention where it applies (a GPU, 16-bit inputs, head_dim a multiple
-    # of 8 up to 128), else XLA's; or "xla" / "cudnn" (jax.nn.dot_product_attention's choices)
+    # "auto": cuDNN's fused attention where it applies (an Ampere or newer GPU, 16-bit inputs,
+    # head_dim a multiple of 8 up to 128), else XLA's; or "xla" / "cudnn"
+    # (jax.nn.dot_product_attention's implementations)
     attention: str = "auto"
 
     def active_params(self) -> int:
@@ -107,7 +108,11 @@ def attention_impl(cfg: ModelConfig) -> str | None:
         return cfg.attention
     fits = cfg.head_dim % 8 == 0 and cfg.head_dim <= 128
     half = jnp.dtype(cfg.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-    return "cudnn" if jax.default_backend() == "gpu" and fits and half else None
+    if jax.default_backend() != "gpu" or not (fits and half):
+        return None
+    # cuDNN's fused attention needs compute capability 8.0 (Ampere) or newer
+    cc = getattr(jax.devices()[0], "compute_capability", "0")
+    return "cudnn" if float(cc) >= 8.0 else None
 
 
 class Attention(nnx.Module):
