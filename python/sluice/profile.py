@@ -1,9 +1,9 @@
 """Where a traced run's device time goes.
 
 Reads the trace that ``jax.profiler`` writes (``sluice-train --profile N`` makes one of N training
-steps) and sums the time of every XLA op's work: on a GPU the kernels of the device's streams, on the
-CPU the thunks the XLA CPU runtime ran. Prints the totals by category (sluice's kernels, GEMMs, attention,
-collectives, copies, the rest of XLA's fusions) and the ops that took the most time.
+steps) and sums the time of every XLA op's work: on a GPU the kernels of the device's streams, on
+the CPU the thunks the XLA CPU runtime ran. Prints the totals by category (sluice's kernels, GEMMs,
+attention, collectives, copies, the rest of XLA's fusions) and the ops that took the most time.
 
     sluice-profile RUN_DIR/profile [--steps N] [--top K]
 """
