@@ -334,46 +334,22 @@ def test_profile_traces_steps_and_leaves_them_out_of_the_log(tmp_path):
 
     corpus = _random_corpus(tmp_path / "small.npz", 1_000)
     out = str(tmp_path / "run")
-    train.main(
-        [
-            "--preset",
-            "tiny",
-            "--moe-impl",
-            "sluice",
-            "--steps",
-            "5",
-            "--warmup",
-            "1",
-            "--batch-size",
-            "4",
-            "--seq-len",
-            "16",
-            "--n-layers",
-            "2",
-            "--devices",
-            "1",
-            "--data",
-            corpus,
-            "--no-progress",
-            "--no-ckpt",
-            "--eval-every",
-            "0",
-            "--log-every",
-            "1",
-            "--profile",
-            "2",
-            "--out",
-            out,
-        ]
+    flags = (
+        "--preset tiny --moe-impl sluice --steps 5 --warmup 1 --batch-size 4 --seq-len 16 "
+        "--n-layers 2 --devices 1 --no-progress --no-ckpt --eval-every 0 --log-every 1 --profile 2"
     )
+    train.main(flags.split() + ["--data", corpus, "--out", out])
     assert [r["step"] for r in _records(out, "train")] == [4, 5]
     with open(os.path.join(out, "profile", "summary.txt")) as f:
         text = f.read()
     assert "op time:" in text and "(2 steps)" in text
     rows, where = profile.op_events(profile.trace_file(os.path.join(out, "profile")))
     assert where == "host" and len(rows) > 10 and sum(d for _, _, d in rows) > 0
-    # the per-op table lists the ops that took the most time first
+    # the same summary from the trace again, its op table the ops that took the most time first
     assert text == profile.summarize(os.path.join(out, "profile"), steps=2)
+    table = text.split("op / kernel\n")[1].splitlines()
+    times = [float(line.split()[0]) for line in table]
+    assert len(times) > 5 and times == sorted(times, reverse=True)
     assert profile.category("sluice_cuda::sm90::gmm_kernel<bf16>") == "sluice"
     assert profile.category("nvjet_sm90_tst_192x192") == "gemm"
     assert profile.category("loop_multiply_fusion") == "other fusion"
