@@ -63,11 +63,55 @@ def op_events(path: str) -> tuple[list[tuple[str, str, float]], str]:
     return [(e["name"], e["args"]["hlo_op"], float(e.get("dur", 0.0))) for e in chosen], where
 
 
+def _table(text: str, section: str) -> dict[int, str]:
+    """id -> the rest of the line, of one of the HLO text's numbered tables (FileNames, ...)."""
+    m = re.search(rf"^{section}\n((?:\d+ .*\n)*)", text, re.MULTILINE)
+    rows = (line.split(" ", 1) for line in (m.group(1).splitlines() if m else []))
+    return {int(i): rest for i, rest in rows}
+
+
+def hlo_sources(hlo_text: str) -> dict[str, str]:
+    """Kernel or op name (normalised by _norm) -> where the HLO instruction it runs comes from: the
+    last part of its op_name ("bwd " when under a transpose, i.e. the backward) and file:line of
+    the innermost Python frame, read from the optimised HLO (``jax.jit(f).lower(...).compile()
+    .as_text()``). XLA names a fusion's GPU kernel after the fusion, '.' and '-' as '_'."""
+    files = {i: v.strip('"') for i, v in _table(hlo_text, "FileNames").items()}
+    locs = _table(hlo_text, "FileLocations")
+    frames = _table(hlo_text, "StackFrames")
+
+    def where(frame_id: int) -> str:
+        fr = re.search(r"file_location_id=(\d+)", frames.get(frame_id, ""))
+        loc = locs.get(int(fr.group(1)), "") if fr else ""
+        fm, lm = re.search(r"file_name_id=(\d+)", loc), re.search(r"\bline=(\d+)", loc)
+        if not (fm and lm):
+            return ""
+        return f"{os.path.basename(files.get(int(fm.group(1)), '?'))}:{lm.group(1)}"
+
+    out = {}
+    pattern = r"^\s*(?:ROOT )?%([\w.\-]+) = .*?metadata=\{op_name=\"([^\"]*)\"(.*?)\}"
+    for m in re.finditer(pattern, hlo_text, re.MULTILINE):
+        name, op_name, rest = m.groups()
+        op = ("bwd " if "transpose(" in op_name else "") + op_name.split("/")[-1].split(";")[0]
+        fid = re.search(r"stack_frame_id=(\d+)", rest)
+        src = where(int(fid.group(1))) if fid else ""
+        out[_norm(name)] = f"{op} @ {src}" if src else op
+    return out
+
+
+def _norm(name: str) -> str:
+    return name.replace(".", "_").replace("-", "_")
+
+
 def summarize(trace_dir: str, steps: int | None = None, top: int = 40) -> str:
     """The summary table as text: per category and per op, total ms, per step when steps is
     given, and share of the traced op time."""
     path = trace_file(trace_dir)
     rows, where = op_events(path)
+    hlo_path = os.path.join(trace_dir, "hlo.txt")  # (sluice-train --profile writes it)
+    sources = {}
+    if os.path.exists(hlo_path):
+        with open(hlo_path) as f:
+            sources = hlo_sources(f.read())
     total = sum(d for _, _, d in rows)
     per = steps or 1
     by_cat: dict[str, float] = collections.Counter()
@@ -92,9 +136,10 @@ def summarize(trace_dir: str, steps: int | None = None, top: int = 40) -> str:
     lines += ["", f"{unit:>10} {'share':>7} {'calls':>6}  category      {where} op / kernel"]
     for name, (dur, n) in sorted(by_op.items(), key=lambda kv: -kv[1][0])[:top]:
         short = name if len(name) <= 120 else name[:117] + "..."
+        src = f"  <- {sources[_norm(name)]}" if _norm(name) in sources else ""
         lines.append(
             f"{dur / 1e3 / per:>10.3f} {dur / max(total, 1e-9):>7.1%} {n:>6}  "
-            f"{category(name):<13} {short}"
+            f"{category(name):<13} {short}{src}"
         )
     return "\n".join(lines) + "\n"
 

@@ -410,6 +410,12 @@ def run(argv=None) -> dict:
             jax.block_until_ready(m)
             jax.profiler.stop_trace()
             train_time += time.perf_counter() - window_start
+            # the step's optimised HLO (from the compilation cache), for sluice-profile to name
+            # each fusion kernel's source
+            tokens = jax.device_put(data.batch(step, bsz, seq, a.seed), batch_sh)
+            lowered = train_step.lower(state["params"], state["rest"], state["opt_state"], tokens)
+            with open(os.path.join(prof_dir, "hlo.txt"), "w") as f:
+                f.write(lowered.compile().as_text())
             window_start, window_steps, profile_end = time.perf_counter(), 0, None
             from sluice import profile
 

@@ -350,6 +350,9 @@ def test_profile_traces_steps_and_leaves_them_out_of_the_log(tmp_path):
     table = text.split("op / kernel\n")[1].splitlines()
     times = [float(line.split()[0]) for line in table]
     assert len(times) > 5 and times == sorted(times, reverse=True)
+    # ops named after their source through the step's optimised HLO (hlo.txt beside the trace)
+    assert os.path.exists(os.path.join(out, "profile", "hlo.txt"))
+    assert any(" <- " in line and ".py:" in line for line in table)
     assert profile.category("sluice_cuda::sm90::gmm_kernel<bf16>") == "sluice"
     assert profile.category("nvjet_sm90_tst_192x192") == "gemm"
     assert profile.category("loop_multiply_fusion") == "other fusion"
