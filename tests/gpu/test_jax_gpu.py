@@ -29,21 +29,33 @@ def rand(shape, dtype=jnp.bfloat16):
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize("transpose_rhs", [False, True])
-@pytest.mark.parametrize("m,k,n,g,used", [(1000, 256, 384, 8, 1000), (777, 200, 136, 33, 700),
-                                          (64, 64, 64, 1, 64), (300, 128, 256, 256, 290)])
+@pytest.mark.parametrize(
+    "m,k,n,g,used",
+    [
+        (1000, 256, 384, 8, 1000),
+        (777, 200, 136, 33, 700),
+        (64, 64, 64, 1, 64),
+        (300, 128, 256, 256, 290),
+    ],
+)
 def test_gmm_gpu(dtype, transpose_rhs, m, k, n, g, used):
     gs = groups(used, g)
     lhs = rand((m, k), dtype)
     rhs = rand((g, n, k) if transpose_rhs else (g, k, n), dtype)
-    f = jax.jit(lambda a, b, s: sluice.gmm(a, b, s, transpose_rhs=transpose_rhs,
-                                           preferred_element_type=jnp.float32))
-    ref = sluice.gmm_reference(lhs, rhs, gs, transpose_rhs=transpose_rhs,
-                               preferred_element_type=jnp.float32)
+    f = jax.jit(
+        lambda a, b, s: sluice.gmm(
+            a, b, s, transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32
+        )
+    )
+    ref = sluice.gmm_reference(
+        lhs, rhs, gs, transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32
+    )
     assert rel_err(f(lhs, rhs, gs), ref) < 1e-2
     # new sizes, same compiled program (a replayed graph must read the new sizes)
     gs2 = groups(used, g)
-    ref2 = sluice.gmm_reference(lhs, rhs, gs2, transpose_rhs=transpose_rhs,
-                                preferred_element_type=jnp.float32)
+    ref2 = sluice.gmm_reference(
+        lhs, rhs, gs2, transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32
+    )
     assert rel_err(f(lhs, rhs, gs2), ref2) < 1e-2
 
 
@@ -52,7 +64,8 @@ def test_tgmm_gpu(dtype):
     gs = groups(900, 16)
     lhs, rhs = rand((1000, 192), dtype), rand((1000, 320), dtype)
     out = jax.jit(lambda a, b, s: sluice.tgmm(a, b, s, preferred_element_type=jnp.float32))(
-        lhs, rhs, gs)
+        lhs, rhs, gs
+    )
     ref = sluice.tgmm_reference(lhs, rhs, gs, preferred_element_type=jnp.float32)
     assert rel_err(out, ref) < 1e-2
     for j in np.flatnonzero(np.asarray(gs) == 0):
@@ -63,24 +76,30 @@ def test_group_offset_gpu():
     gs = groups(500, 16)
     lhs, rhs = rand((512, 128)), rand((4, 128, 256))
     for off in (0, 5, 12):
-        out = jax.jit(lambda o: sluice.gmm(lhs, rhs, gs, group_offset=o,
-                                           preferred_element_type=jnp.float32))(jnp.int32(off))
-        ref = sluice.gmm_reference(lhs, rhs, gs, group_offset=off,
-                                   preferred_element_type=jnp.float32)
+        out = jax.jit(
+            lambda o: sluice.gmm(lhs, rhs, gs, group_offset=o, preferred_element_type=jnp.float32)
+        )(jnp.int32(off))
+        ref = sluice.gmm_reference(
+            lhs, rhs, gs, group_offset=off, preferred_element_type=jnp.float32
+        )
         assert rel_err(out, ref) < 1e-2
 
 
 def test_grad_and_vmap_gpu():
     gs = groups(480, 8)
     lhs, rhs = rand((512, 128)), rand((8, 128, 192))
-    loss = lambda f: (lambda x, w: jnp.sum(f(x, w, gs).astype(jnp.float32) ** 2))
+    loss = lambda f: lambda x, w: jnp.sum(f(x, w, gs).astype(jnp.float32) ** 2)
     ga = jax.jit(jax.grad(loss(sluice.gmm), (0, 1)))(lhs, rhs)
     gb = jax.jit(jax.grad(loss(jax.lax.ragged_dot), (0, 1)))(lhs, rhs)
     assert rel_err(ga[0], gb[0]) < 2e-2 and rel_err(ga[1], gb[1]) < 2e-2
     xs = jnp.stack([lhs, lhs * 0.5])
     out = jax.vmap(lambda x: sluice.gmm(x, rhs, gs, preferred_element_type=jnp.float32))(xs)
-    assert rel_err(out[1], 0.5 * sluice.gmm_reference(lhs, rhs, gs,
-                                                     preferred_element_type=jnp.float32)) < 1e-2
+    assert (
+        rel_err(
+            out[1], 0.5 * sluice.gmm_reference(lhs, rhs, gs, preferred_element_type=jnp.float32)
+        )
+        < 1e-2
+    )
 
 
 def test_wrong_device_sizes_are_clamped_gpu():
@@ -93,3 +112,34 @@ def test_wrong_device_sizes_are_clamped_gpu():
     assert rel_err(out, ref) < 1e-2
     t = jax.jit(sluice.tgmm)(lhs, lhs, bad).block_until_ready()
     assert not np.isnan(np.asarray(t, np.float32)).any()
+
+
+def test_model_cudnn_attention_matches_xla_gpu():
+    """The model's default attention on a GPU (cuDNN's fused kernel, ModelConfig.attention "auto")
+    against XLA's on the same weights and tokens: logits and every parameter's gradient."""
+    import dataclasses
+
+    pytest.importorskip("flax")
+    from flax import nnx
+    from sluice.model import PRESETS, Transformer, attention_impl
+
+    base = dataclasses.replace(PRESETS["tiny"]["model"], n_layers=2, dtype=jnp.bfloat16)
+    assert attention_impl(base) == "cudnn"
+    tokens = jnp.asarray(RNG.integers(0, base.vocab_size, (4, 256)), jnp.int32)
+
+    def run(attention):
+        model = Transformer(dataclasses.replace(base, attention=attention), rngs=nnx.Rngs(0))
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+        def loss(p):
+            logits, _ = nnx.merge(graphdef, p, rest)(tokens)
+            return jnp.mean(jnp.square(logits.astype(jnp.float32))), logits
+
+        (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+        return logits, jax.tree.leaves(grads)
+
+    logits, grads = run("auto")
+    ref_logits, ref_grads = run("xla")
+    assert rel_err(np.asarray(logits, np.float32), np.asarray(ref_logits, np.float32)) < 2e-2
+    for g, r in zip(grads, ref_grads):
+        assert rel_err(np.asarray(g, np.float32), np.asarray(r, np.float32)) < 5e-2
