@@ -49,7 +49,8 @@ def trace_file(trace_dir: str) -> str:
 
 def op_events(path: str) -> tuple[list[tuple[str, str, float]], str]:
     """(kernel or op name, HLO op, microseconds) of every event with an ``hlo_op``, from the GPU
-    processes when the trace has any, else from the host's; and which of the two it was."""
+    processes when the trace has any (every GPU's, summed: "2 GPUs'"), else from the host's; and
+    which it was."""
     with gzip.open(path, "rt") as f:
         events = json.load(f)["traceEvents"]
     pname = {
@@ -59,7 +60,8 @@ def op_events(path: str) -> tuple[list[tuple[str, str, float]], str]:
     }
     ops = [e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})]
     gpu = [e for e in ops if "GPU" in pname.get(e["pid"], "")]
-    chosen, where = (gpu, "GPU") if gpu else (ops, "host")
+    ngpu = len({e["pid"] for e in gpu})
+    chosen, where = (gpu, "GPU" if ngpu == 1 else f"{ngpu} GPUs'") if gpu else (ops, "host")
     return [(e["name"], e["args"]["hlo_op"], float(e.get("dur", 0.0))) for e in chosen], where
 
 
