@@ -173,7 +173,7 @@ def bench_shape_torch(lib, shape, args):
     sc = ShapeCalls(lib, shape)
     m, g, k, n = shape.m, shape.g, shape.k, shape.n
     rows = []
-    for dist in DISTRIBUTIONS:
+    for dist in args.dists.split(","):
         sizes = group_sizes(shape, dist, seed=args.seed)
         calls, offs = sc.calls(sizes)
         row = {
@@ -280,7 +280,7 @@ def part_jax(args):
             return vjp(dy)[0]
 
         wgrad = jax.jit(wgrad_fn)
-        for dist in DISTRIBUTIONS:
+        for dist in args.dists.split(","):
             gs = jnp.asarray(group_sizes(shape, dist, seed=args.seed))
             row = {"shape": shape.name, "dist": dist, "ms": {}, "tflops": {}, "errors": {}}
             for name, fn, fargs in (
@@ -487,6 +487,12 @@ def main():
     p.add_argument("--jax-iters", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shapes", help='"bench" (default: BENCHMARKS.md\'s four), "fine", or names')
+    p.add_argument(
+        "--dists",
+        default=",".join(DISTRIBUTIONS),
+        help="group-size distributions, comma-separated: uniform, skewed (the benchmark's) or "
+        "exact (every group M/G rows, no ragged edge)",
+    )
     p.add_argument("--merge", nargs="+")
     p.add_argument("--md", default="gmm.md")
     p.add_argument("--json", default="gmm.json")

@@ -54,6 +54,8 @@ def select_shapes(spec: str | None) -> tuple[Shape, ...]:
 def group_sizes(shape: Shape, distribution: str, seed: int = 0) -> np.ndarray:
     """int32 [G] group sizes summing to shape.m."""
     rng = np.random.default_rng(seed)
+    if distribution == "exact":  # every group M/G rows (the first M % G one more): no ragged edge
+        return (shape.m // shape.g + (np.arange(shape.g) < shape.m % shape.g)).astype(np.int32)
     if distribution == "uniform":
         p = np.full(shape.g, 1.0 / shape.g)
     elif distribution == "skewed":
