@@ -47,8 +47,8 @@ def trace_file(trace_dir: str) -> str:
     return max(found, key=os.path.getmtime)
 
 
-def op_events(path: str) -> tuple[list[tuple[str, str, float]], str]:
-    """(kernel or op name, HLO op, microseconds) of every event with an ``hlo_op``, from the GPU
+def op_events(path: str) -> tuple[list[tuple[str, float]], str]:
+    """(kernel or op name, microseconds) of every event with an ``hlo_op``, from the GPU
     processes when the trace has any (every GPU's, summed: "2 GPUs'"), else from the host's; and
     which it was."""
     with gzip.open(path, "rt") as f:
@@ -62,7 +62,7 @@ def op_events(path: str) -> tuple[list[tuple[str, str, float]], str]:
     gpu = [e for e in ops if "GPU" in pname.get(e["pid"], "")]
     ngpu = len({e["pid"] for e in gpu})
     chosen, where = (gpu, "GPU" if ngpu == 1 else f"{ngpu} GPUs'") if gpu else (ops, "host")
-    return [(e["name"], e["args"]["hlo_op"], float(e.get("dur", 0.0))) for e in chosen], where
+    return [(e["name"], float(e.get("dur", 0.0))) for e in chosen], where
 
 
 def _table(text: str, section: str) -> dict[int, str]:
@@ -114,13 +114,13 @@ def summarize(trace_dir: str, steps: int | None = None, top: int = 40) -> str:
     if os.path.exists(hlo_path):
         with open(hlo_path) as f:
             sources = hlo_sources(f.read())
-    total = sum(d for _, _, d in rows)
+    total = sum(d for _, d in rows)
     per = steps or 1
     by_cat: dict[str, float] = collections.Counter()
     # by kernel (GPU: the same kernel runs under several HLO ops, e.g. each CUDA graph's
     # command_buffer) or by op (host: the op's name is all there is)
     by_op: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
-    for name, _op, dur in rows:
+    for name, dur in rows:
         by_cat[category(name)] += dur
         acc = by_op[name]
         acc[0] += dur

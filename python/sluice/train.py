@@ -31,6 +31,7 @@ from jax.sharding import PartitionSpec as P
 from sluice.data import TokenData
 from sluice.model import PRESETS, ModelConfig, Transformer
 from sluice.moe import IMPLS, expert_weight_specs
+from sluice.profile import summarize as profile_summary
 
 DATA_AXIS, EXPERT_AXIS = "data", "expert"
 _global_norm = getattr(getattr(optax, "tree", None), "norm", None) or optax.global_norm
@@ -417,9 +418,7 @@ def run(argv=None) -> dict:
             with open(os.path.join(prof_dir, "hlo.txt"), "w") as f:
                 f.write(lowered.compile().as_text())
             window_start, window_steps, profile_end = time.perf_counter(), 0, None
-            from sluice import profile
-
-            summary_txt = profile.summarize(prof_dir, steps=profile_steps)
+            summary_txt = profile_summary(prof_dir, steps=profile_steps)
             with open(os.path.join(prof_dir, "summary.txt"), "w") as f:
                 f.write(summary_txt)
             print(summary_txt, file=sys.stderr)
