@@ -5,11 +5,13 @@
  *   count  (a block per chunk of whole rows, <= 1024 slots): each slot's rank among the earlier
  * slots of its chunk with the same expert (warps in order, __match_any_sync within a warp) and the
  *          chunk's histogram -> workspace [chunks, L];
- *   scan   (one block): per expert, exclusive sums over chunks; group_sizes; expert starts;
- *   place  (a block per chunk): pos = start[e] + chunk base + rank; copy the rows (warp per row);
- * then the rows past the pairs are zeroed. The order is (row, slot) within an expert:
+ *   scan   (one block): per expert, exclusive sums over chunks; group_sizes; expert starts
+ *          (a block-wide scan over the experts);
+ *   place  (a block per chunk): pos = start[e] + chunk base + rank;
+ * then the rows are copied (a warp per row, to each of its slots' places) and the rows past the
+ * pairs are zeroed. The order is (row, slot) within an expert:
  * deterministic. fan_in / fan_in_bwd: a warp per received row, 8 elements per lane, f32 sums in
- * slot order.
+ * slot order, kBatch slots' rows loaded at once.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -141,52 +143,105 @@ __global__ void __launch_bounds__(1024) fan_count_kernel(FanArgs a) {
 }
 
 __global__ void __launch_bounds__(1024) fan_scan_kernel(FanArgs a) {
+  __shared__ int tot[kMaxLocalFan];
+  __shared__ int warp_base[32];
   int *start = a.ws + a.chunks * a.L;
-  for (int64_t e = threadIdx.x; e < a.L; e += blockDim.x) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  /* Per expert (a thread each), exclusive sums over the chunks, 8 chunks' loads in flight. */
+  for (int64_t e = tid; e < a.L; e += blockDim.x) {
     int run = 0;
-    for (int64_t c = 0; c < a.chunks; ++c) {
-      const int v = a.ws[c * a.L + e];
-      a.ws[c * a.L + e] = run;
-      run += v;
+    for (int64_t c0 = 0; c0 < a.chunks; c0 += 8) {
+      int v[8];
+#pragma unroll
+      for (int b = 0; b < 8; ++b) v[b] = c0 + b < a.chunks ? a.ws[(c0 + b) * a.L + e] : 0;
+#pragma unroll
+      for (int b = 0; b < 8; ++b)
+        if (c0 + b < a.chunks) a.ws[(c0 + b) * a.L + e] = run, run += v[b];
     }
-    a.group_sizes[e] = run;
+    tot[e] = run;
   }
   __syncthreads();
-  if (threadIdx.x == 0) { /* L <= 8192: a serial scan is a few microseconds */
-    int run = 0;
-    for (int64_t e = 0; e < a.L; ++e) {
-      start[e] = run;
-      run += a.group_sizes[e];
-      /* the pairs of e that land below M (all of them unless max_rows cuts) */
-      const int64_t lo = min((int64_t)start[e], a.M), hi = min((int64_t)run, a.M);
-      a.group_sizes[e] = (int)(hi - lo);
+  /* Exclusive sums over the experts: a contiguous run of experts per thread, the threads' sums
+   * scanned within each warp, then across the warps. */
+  const int64_t seg = (a.L + blockDim.x - 1) / blockDim.x, lo = min(tid * seg, a.L),
+                hi = min(lo + seg, a.L);
+  int mine = 0;
+  for (int64_t e = lo; e < hi; ++e) mine += tot[e];
+  int incl = mine;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int t = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += t;
+  }
+  if (lane == 31) warp_base[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    const int w = lane < (int)(blockDim.x / 32) ? warp_base[lane] : 0;
+    int wi = w;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int t = __shfl_up_sync(0xffffffffu, wi, o);
+      if (lane >= o) wi += t;
     }
-    start[a.L] = run; /* total */
+    warp_base[lane] = wi - w;
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < a.chunks * a.L; i += blockDim.x) a.ws[i] += start[i % a.L];
+  int run = warp_base[warp] + incl - mine;
+  for (int64_t e = lo; e < hi; ++e) {
+    start[e] = run;
+    run += tot[e];
+    /* the pairs of e that land below M (all of them unless max_rows cuts) */
+    const int64_t b0 = min((int64_t)start[e], a.M), b1 = min((int64_t)run, a.M);
+    a.group_sizes[e] = (int)(b1 - b0);
+  }
+  if (tid == (int)blockDim.x - 1) start[a.L] = run; /* total */
+  __syncthreads();
+  for (int64_t i = tid; i < a.chunks * a.L; i += blockDim.x) a.ws[i] += start[i % a.L];
 }
 
 __global__ void __launch_bounds__(1024) fan_place_kernel(FanArgs a) {
-  __shared__ int prow[1024];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
   const int64_t c = blockIdx.x, row = c * a.chunk_rows + tid / a.k, j = tid % a.k;
-  const bool mine = tid < a.chunk_rows * a.k && row < a.N;
-  int p = -1;
-  if (mine) {
+  if (tid < a.chunk_rows * a.k && row < a.N) {
     const int e = slot_expert(a, row, j, nullptr);
+    int p = -1;
     if (e >= 0) p = a.ws[c * a.L + e] + a.pos[row * a.k + j];
     if (p >= a.M) p = -1; /* past max_rows: left out */
     a.pos[row * a.k + j] = p;
   }
-  prow[tid] = p;
-  __syncthreads();
-  for (int i = 0; i < 32; ++i) {
-    const int s = warp * 32 + i;
-    const int q = prow[s];
-    if (q < 0) continue;
-    const int64_t r = c * a.chunk_rows + s / a.k;
-    copy_bytes(a.xs + (int64_t)q * a.row_bytes, a.x + r * a.row_bytes, a.row_bytes, lane);
+}
+
+/* xs[pos[i, j]] = x[i]: a warp per row, each 16-byte vector of the row loaded once (four per lane
+ * in flight) and stored to every slot's place. Its own launch, so that the whole GPU copies, not one
+ * block per chunk of slots (32 blocks for 16k rows of k = 2). */
+__global__ void __launch_bounds__(256) fan_copy_kernel(FanArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32,
+                nw = (int64_t)gridDim.x * blockDim.x / 32;
+  for (int64_t i = gw; i < a.N; i += nw) {
+    int p = lane < a.k ? a.pos[i * a.k + lane] : -1;
+    if (p >= a.M) p = -1;
+    const char *src = a.x + i * a.row_bytes;
+    if (a.row_bytes % 16 == 0) {
+      const int64_t n = a.row_bytes / 16;
+      for (int64_t c0 = 0; c0 < n; c0 += 4 * 32) {
+        int4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (c0 + lane + 32 * u < n) v[u] = ((const int4 *)src)[c0 + lane + 32 * u];
+        for (int j = 0; j < a.k; ++j) {
+          const int pj = __shfl_sync(0xffffffffu, p, j);
+          if (pj < 0) continue;
+          int4 *dst = (int4 *)(a.xs + (int64_t)pj * a.row_bytes);
+#pragma unroll
+          for (int u = 0; u < 4; ++u)
+            if (c0 + lane + 32 * u < n) dst[c0 + lane + 32 * u] = v[u];
+        }
+      }
+    } else {
+      for (int j = 0; j < a.k; ++j) {
+        const int pj = __shfl_sync(0xffffffffu, p, j);
+        if (pj >= 0) copy_bytes(a.xs + (int64_t)pj * a.row_bytes, src, a.row_bytes, lane);
+      }
+    }
   }
 }
 
@@ -216,7 +271,58 @@ struct FanInArgs {
   int64_t N, H, k, M;
 };
 
+/* A warp per received row, 8 elements per lane. The slots are taken kBatch at a time: their loads
+ * are issued together, then summed in slot order (one load in flight per warp left the HBM ~40%
+ * idle). A masked slot is skipped, not added as zero. */
+constexpr int kBatch = 4;
+
+/* Slot j0 + b's position (-1 past k, masked, or out of range) and weight, from lane j0 + b. */
+__device__ __forceinline__ void batch_slots(int p, float wt, int j0, int64_t k, int *pj, float *wj) {
+#pragma unroll
+  for (int b = 0; b < kBatch; ++b) {
+    const int src = (j0 + b) & 31;
+    pj[b] = __shfl_sync(0xffffffffu, p, src);
+    wj[b] = __shfl_sync(0xffffffffu, wt, src);
+    if (j0 + b >= k) pj[b] = -1;
+  }
+}
+
+/* 8 elements of dtype XT as loaded (one 16-byte vector for 16-bit types, two for f32), converted
+ * to f32 only where they are summed. */
+struct Raw8 {
+  int4 lo, hi;
+};
+template <int XT>
+__device__ __forceinline__ Raw8 load_raw8(const void *p, int64_t i) {
+  Raw8 r;
+  if (XT == SL_DTYPE_F32) {
+    r.lo = ((const int4 *)((const float *)p + i))[0];
+    r.hi = ((const int4 *)((const float *)p + i))[1];
+  } else {
+    r.lo = *(const int4 *)((const uint16_t *)p + i);
+  }
+  return r;
+}
+template <int XT>
+__device__ __forceinline__ void raw8_to_f32(const Raw8 &r, float *f) {
+  if (XT == SL_DTYPE_F32) {
+    const int w[8] = {r.lo.x, r.lo.y, r.lo.z, r.lo.w, r.hi.x, r.hi.y, r.hi.z, r.hi.w};
+    for (int q = 0; q < 8; ++q) f[q] = __int_as_float(w[q]);
+  } else {
+    const int w[4] = {r.lo.x, r.lo.y, r.lo.z, r.lo.w};
+    for (int q = 0; q < 4; ++q) {
+      const float2 x = XT == SL_DTYPE_BF16 ? __bfloat1622float2(*(const __nv_bfloat162 *)&w[q])
+                                            : __half22float2(*(const __half2 *)&w[q]);
+      f[2 * q] = x.x, f[2 * q + 1] = x.y;
+    }
+  }
+}
+
+/* XT: a.x_dtype as a template argument, so that the kBatch loads in flight hold their raw 16-byte
+ * vectors (4 registers each for 16-bit rows), not a three-way choice. */
+template <int XT>
 __global__ void __launch_bounds__(256) fan_in_kernel(FanInArgs a) {
+  const sl_dtype xt = (sl_dtype)XT;
   const int lane = threadIdx.x & 31;
   const int64_t gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32,
                 nw = (int64_t)gridDim.x * blockDim.x / 32;
@@ -225,19 +331,29 @@ __global__ void __launch_bounds__(256) fan_in_kernel(FanInArgs a) {
     int p = lane < a.k ? a.pos[i * a.k + lane] : -1;
     if (p >= a.M) p = -1;
     const float wt = lane < a.k ? a.w[i * a.k + lane] : 0.0f;
-    /* Every lane runs the same trip counts: the shuffles below need the whole warp. */
+    /* Every lane runs the same trip counts: the shuffles need the whole warp. */
     if (vec) {
       for (int64_t h0 = 0; h0 < a.H; h0 += 256) {
         const int64_t h = h0 + (int64_t)lane * 8;
-        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, v[8];
-        for (int j = 0; j < a.k; ++j) {
-          const int pj = __shfl_sync(0xffffffffu, p, j);
-          const float wj = __shfl_sync(0xffffffffu, wt, j);
-          if (pj < 0 || h >= a.H) continue;
-          load8(a.x_dtype, a.ys, (int64_t)pj * a.H + h, v);
-          for (int q = 0; q < 8; ++q) acc[q] += wj * v[q];
+        const bool in = h < a.H;
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int j0 = 0; j0 < a.k; j0 += kBatch) {
+          int pj[kBatch];
+          float wj[kBatch];
+          Raw8 r[kBatch];
+          batch_slots(p, wt, j0, a.k, pj, wj);
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b)
+            if (pj[b] >= 0 && in) r[b] = load_raw8<XT>(a.ys, (int64_t)pj[b] * a.H + h);
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b)
+            if (pj[b] >= 0 && in) {
+              float v[8];
+              raw8_to_f32<XT>(r[b], v);
+              for (int q = 0; q < 8; ++q) acc[q] += wj[b] * v[q];
+            }
         }
-        if (h < a.H) store8(a.out_dtype, a.out, i * a.H + h, acc);
+        if (in) store8(a.out_dtype, a.out, i * a.H + h, acc);
       }
     } else {
       for (int64_t h0 = 0; h0 < a.H; h0 += 32) {
@@ -246,7 +362,7 @@ __global__ void __launch_bounds__(256) fan_in_kernel(FanInArgs a) {
         for (int j = 0; j < a.k; ++j) {
           const int pj = __shfl_sync(0xffffffffu, p, j);
           const float wj = __shfl_sync(0xffffffffu, wt, j);
-          if (pj >= 0 && h < a.H) acc += wj * load1(a.x_dtype, a.ys, (int64_t)pj * a.H + h);
+          if (pj >= 0 && h < a.H) acc += wj * load1(xt, a.ys, (int64_t)pj * a.H + h);
         }
         if (h < a.H) store1(a.out_dtype, a.out, i * a.H + h, acc);
       }
@@ -254,37 +370,67 @@ __global__ void __launch_bounds__(256) fan_in_kernel(FanInArgs a) {
   }
 }
 
+/* dys[pos[i,j]] = w[i,j] * dout[i]; dw[i,j] = <dout[i], ys[pos[i,j]]>. A warp per row i: each
+ * 256-element slice of dout[i] is read once and serves all k slots, kBatch slots' loads in flight
+ * together; lane j keeps slot j's dot product (f32, summed slice by slice in a fixed order). */
+template <int XT>
 __global__ void __launch_bounds__(256) fan_in_bwd_kernel(FanInArgs a) {
+  const sl_dtype xt = (sl_dtype)XT;
   const int lane = threadIdx.x & 31;
   const int64_t gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32,
                 nw = (int64_t)gridDim.x * blockDim.x / 32;
-  const bool vec = a.H % 8 == 0;
   for (int64_t i = gw; i < a.N; i += nw) {
-    for (int j = 0; j < a.k; ++j) {
-      int pj = a.pos[i * a.k + j];
-      if (pj >= a.M) pj = -1;
-      const float wj = a.w[i * a.k + j];
-      float dot = 0.0f;
-      if (pj >= 0) {
-        if (vec) {
-          float g[8], y[8];
-          for (int64_t h = (int64_t)lane * 8; h < a.H; h += 256) {
-            load8(a.out_dtype, a.dout, i * a.H + h, g);
-            load8(a.x_dtype, a.ys, (int64_t)pj * a.H + h, y);
-            for (int q = 0; q < 8; ++q) dot += g[q] * y[q], g[q] *= wj;
-            store8(a.x_dtype, a.dys, (int64_t)pj * a.H + h, g);
+    int p = lane < a.k ? a.pos[i * a.k + lane] : -1;
+    if (p >= a.M) p = -1;
+    const float wt = lane < a.k ? a.w[i * a.k + lane] : 0.0f;
+    float dot = 0.0f; /* slot `lane`'s */
+    if (a.H % 8 == 0) {
+      for (int64_t h0 = 0; h0 < a.H; h0 += 256) {
+        const int64_t h = h0 + (int64_t)lane * 8;
+        const bool in = h < a.H;
+        float g[8];
+        if (in) load8(a.out_dtype, a.dout, i * a.H + h, g);
+        for (int j0 = 0; j0 < a.k; j0 += kBatch) {
+          int pj[kBatch];
+          float wj[kBatch], part[kBatch];
+          Raw8 r[kBatch];
+          batch_slots(p, wt, j0, a.k, pj, wj);
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b)
+            if (pj[b] >= 0 && in) r[b] = load_raw8<XT>(a.ys, (int64_t)pj[b] * a.H + h);
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b) {
+            part[b] = 0.0f;
+            if (pj[b] >= 0 && in) {
+              float y[8], s[8];
+              raw8_to_f32<XT>(r[b], y);
+              for (int q = 0; q < 8; ++q) part[b] += g[q] * y[q], s[q] = wj[b] * g[q];
+              store8(xt, a.dys, (int64_t)pj[b] * a.H + h, s);
+            }
           }
-        } else {
-          for (int64_t h = lane; h < a.H; h += 32) {
-            const float g = load1(a.out_dtype, a.dout, i * a.H + h);
-            dot += g * load1(a.x_dtype, a.ys, (int64_t)pj * a.H + h);
-            store1(a.x_dtype, a.dys, (int64_t)pj * a.H + h, wj * g);
-          }
+          for (int o = 16; o; o >>= 1)
+#pragma unroll
+            for (int b = 0; b < kBatch; ++b) part[b] += __shfl_xor_sync(0xffffffffu, part[b], o);
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b)
+            if (lane == j0 + b) dot += part[b];
         }
       }
-      for (int o = 16; o; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-      if (lane == 0) a.dw[i * a.k + j] = pj >= 0 ? dot : 0.0f;
+    } else { /* rows not a multiple of 16 bytes: an element per lane, a slot at a time */
+      for (int j = 0; j < a.k; ++j) {
+        const int pj = __shfl_sync(0xffffffffu, p, j);
+        const float wj = __shfl_sync(0xffffffffu, wt, j);
+        float part = 0.0f;
+        for (int64_t h = lane; pj >= 0 && h < a.H; h += 32) {
+          const float g = load1(a.out_dtype, a.dout, i * a.H + h);
+          part += g * load1(xt, a.ys, (int64_t)pj * a.H + h);
+          store1(xt, a.dys, (int64_t)pj * a.H + h, wj * g);
+        }
+        for (int o = 16; o; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+        if (lane == j) dot = part;
+      }
     }
+    if (lane < a.k) a.dw[i * a.k + lane] = p >= 0 ? dot : 0.0f;
   }
 }
 
@@ -332,6 +478,7 @@ extern "C" sl_status sl_ep_fan_out_cuda(const sl_ep_fan_desc *d, const void *rec
   if (a.chunks > 0) fan_count_kernel<<<(unsigned)a.chunks, 1024, 0, s>>>(a);
   fan_scan_kernel<<<1, 1024, 0, s>>>(a);
   if (a.chunks > 0) fan_place_kernel<<<(unsigned)a.chunks, 1024, 0, s>>>(a);
+  if (a.N > 0) fan_copy_kernel<<<blocks_for(a.N, 8), 256, 0, s>>>(a);
   if (a.M > 0)
     fan_zero_tail_kernel<<<blocks_for(a.M, 8), 256, 0, s>>>(
         a.xs, a.M, a.row_bytes, a.ws + a.chunks * a.L + a.L, nullptr, 0);
@@ -359,7 +506,16 @@ extern "C" sl_status sl_ep_fan_in_cuda(const sl_ep_fan_desc *d, const void *ys, 
   a.ys = ys, a.w = w, a.pos = pos, a.out = out;
   a.x_dtype = d->x_dtype, a.out_dtype = d->out_dtype;
   a.N = d->num_rows, a.H = d->hidden, a.k = d->topk, a.M = sl_ep_fan_rows(d);
-  if (a.N > 0) fan_in_kernel<<<blocks_for(a.N, 8), 256, 0, (cudaStream_t)stream>>>(a);
+  if (a.N > 0) {
+    const cudaStream_t s = (cudaStream_t)stream;
+    const unsigned nb = (unsigned)blocks_for(a.N, 8);
+    if (a.x_dtype == SL_DTYPE_BF16)
+      fan_in_kernel<SL_DTYPE_BF16><<<nb, 256, 0, s>>>(a);
+    else if (a.x_dtype == SL_DTYPE_F16)
+      fan_in_kernel<SL_DTYPE_F16><<<nb, 256, 0, s>>>(a);
+    else
+      fan_in_kernel<SL_DTYPE_F32><<<nb, 256, 0, s>>>(a);
+  }
   cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? SL_STATUS_SUCCESS : fail(e, "fan_in");
 }
@@ -376,7 +532,15 @@ extern "C" sl_status sl_ep_fan_in_bwd_cuda(const sl_ep_fan_desc *d, const void *
   a.x_dtype = d->x_dtype, a.out_dtype = d->out_dtype;
   a.N = d->num_rows, a.H = d->hidden, a.k = d->topk, a.M = sl_ep_fan_rows(d);
   const int64_t row_bytes = a.H * (int64_t)sl_dtype_size(a.x_dtype);
-  if (a.N > 0) fan_in_bwd_kernel<<<blocks_for(a.N, 8), 256, 0, s>>>(a);
+  if (a.N > 0) {
+    const unsigned nb = (unsigned)blocks_for(a.N, 8);
+    if (a.x_dtype == SL_DTYPE_BF16)
+      fan_in_bwd_kernel<SL_DTYPE_BF16><<<nb, 256, 0, s>>>(a);
+    else if (a.x_dtype == SL_DTYPE_F16)
+      fan_in_bwd_kernel<SL_DTYPE_F16><<<nb, 256, 0, s>>>(a);
+    else
+      fan_in_bwd_kernel<SL_DTYPE_F32><<<nb, 256, 0, s>>>(a);
+  }
   if (a.M > 0)
     fan_zero_tail_kernel<<<blocks_for(a.M, 8), 256, 0, s>>>((char *)dys, a.M, row_bytes, nullptr,
                                                             group_sizes, d->num_local_experts);
