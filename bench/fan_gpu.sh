@@ -6,7 +6,8 @@
 #      (memcheck) and pytest (tests/gpu/test_ep_gpu.py: needs 2 GPUs) steps on one rank -> $OUT/ep/, and
 #      tests/gpu/test_jax_gpu.py -k fan (the ops and their VJPs in f32, bf16, f16 through JAX)
 #   3. train (PARTS): the one-GPU training step (bench/bench_train.sh tgs, PRESET dsv3-proxy, STEPS 12,
-#      the sluice path) once with each library -> $OUT/train-{new,old}.md
+#      the sluice path) once with each library -> $OUT/train-{new,old}.md (PROFILE=N: and where each
+#      step's device time went, $OUT/profile-{new,old}.txt)
 # PARTS picks the steps (default "bench checks"; "train" alone fits one 10-minute device call).
 # NEW defaults to .carry/moe_lib/libsluice.so, OLD to .carry/fan_old/libsluice.so (both built elsewhere
 # for sm_90a and carried: this script builds nothing). OUT defaults to bench/results/fan-<date>.
@@ -50,6 +51,7 @@ if want train; then
       timeout 240 bench/bench_train.sh tgs "$work" >"$OUT/train-$which.log" 2>&1
     echo "train $which rc=$?"
     cp "$work"/*.md "$OUT/train-$which.md" 2>/dev/null
+    cp "$work"/profile-sluice.txt "$OUT/profile-$which.txt" 2>/dev/null  # with PROFILE=N
   done
 fi
 cat "$OUT/fan.md" "$OUT"/train-*.md 2>/dev/null
