@@ -20,6 +20,9 @@
 
 #include "../core/ep_internal.h"
 
+/* Kernels named sluice_cuda::(anonymous namespace)::..., as the gmm kernels sluice_cuda::sm90::...: a
+ * profile (sluice-profile) counts them as sluice's. */
+namespace sluice_cuda {
 namespace {
 
 constexpr int kMaxLocalFan = 8192;
@@ -455,6 +458,8 @@ int blocks_for(int64_t warps, int per_block_warps) {
 }
 
 }  // namespace
+}  // namespace sluice_cuda
+using namespace sluice_cuda;
 
 extern "C" sl_status sl_ep_fan_out_cuda(const sl_ep_fan_desc *d, const void *recv_x,
                                         const int32_t *recv_idx, void *xs, int32_t *group_sizes,
