@@ -5,9 +5,9 @@
 #   2. correctness with NEW: bench/run_ep_gpu.sh's capi (the C API against the references), sanitizer
 #      (memcheck) and pytest (tests/gpu/test_ep_gpu.py: needs 2 GPUs) steps on one rank -> $OUT/ep/, and
 #      tests/gpu/test_jax_gpu.py -k fan (the ops and their VJPs in f32, bf16, f16 through JAX)
-#   3. train (PARTS): the one-GPU training step (bench/bench_train.sh tgs, PRESET dsv3-proxy, STEPS 12,
-#      the sluice path) once with each library -> $OUT/train-{new,old}.md (PROFILE=N: and where each
-#      step's device time went, $OUT/profile-{new,old}.txt)
+#   3. train (PARTS): the one-GPU training step (bench/bench_train.sh tgs, PRESET dsv3-proxy, STEPS 40,
+#      the sluice path) with each library, bench/ab_train.sh -> $OUT/train/ (PROFILE=N: and where each
+#      step's device time went)
 # PARTS picks the steps (default "bench checks"; "train" alone fits one 10-minute device call).
 # NEW defaults to .carry/moe_lib/libsluice.so, OLD to .carry/fan_old/libsluice.so (both built elsewhere
 # for sm_90a and carried: this script builds nothing). OUT defaults to bench/results/fan-<date>.
@@ -40,18 +40,7 @@ if want checks; then
   echo "JAX GPU fan tests rc=$?: $(tail -1 "$OUT/test_jax_gpu_fan.log")"
 fi
 if want train; then
-  data=.carry/moe_data/corpus.npz
-  [ -f "$data" ] && export DATA=$PWD/$data
-  for which in new old; do
-    lib=$NEW
-    [ $which = old ] && lib=$OLD
-    [ -f "$lib" ] || continue
-    work=$(mktemp -d)
-    SLUICE_LIBRARY=$PWD/$lib PRESET=${PRESET:-dsv3-proxy} STEPS=${STEPS:-12} IMPLS=sluice \
-      timeout 240 bench/bench_train.sh tgs "$work" >"$OUT/train-$which.log" 2>&1
-    echo "train $which rc=$?"
-    cp "$work"/*.md "$OUT/train-$which.md" 2>/dev/null
-    cp "$work"/profile-sluice.txt "$OUT/profile-$which.txt" 2>/dev/null  # with PROFILE=N
-  done
+  A_NAME=new A_LIB=$PWD/$NEW B_NAME=old B_LIB=$PWD/$OLD REPEAT=${REPEAT:-1} OUT=$OUT/train \
+    bash bench/ab_train.sh
 fi
-cat "$OUT/fan.md" "$OUT"/train-*.md 2>/dev/null
+cat "$OUT/fan.md" "$OUT"/train/summary.txt 2>/dev/null

@@ -204,6 +204,17 @@ def test_group_limited_routing_stays_in_groups():
     )  # normalised, then scaled
 
 
+def test_top2_sum_is_top_k_sum():
+    x = jax.random.normal(jax.random.key(5), (64, 8, 32))
+    v = x[0, 0].max() + 1
+    x = x.at[0, 0, 3].set(v).at[0, 0, 7].set(v)  # a tie for the largest: the sum is 2 v
+    for t in (x, x[..., :1], x[..., :2]):
+        np.testing.assert_array_equal(
+            np.asarray(moe.top2_sum(t)),
+            np.asarray(jax.lax.top_k(t, min(2, t.shape[-1]))[0].sum(-1)),
+        )
+
+
 def test_bias_update_balances_and_is_not_trained():
     cfg = dataclasses.replace(SIGMOID, bias_update_rate=0.1)
     layer = MoE(cfg, rngs=nnx.Rngs(0))
