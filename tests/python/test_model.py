@@ -143,11 +143,16 @@ def _records(out, kind):
 
 
 @pytest.mark.skipif(not HAVE_DOCS, reason=f"corpus not installed: {data.APT_HINT}")
-@pytest.mark.parametrize("fsdp", [False, True], ids=["ep", "ep+fsdp"])
-def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp):
+@pytest.mark.parametrize(
+    "fsdp,states",
+    [(False, "float32"), (True, "float32"), (False, "bfloat16")],
+    ids=["ep", "ep+fsdp", "ep+bf16-moments"],
+)
+def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp, states):
     """Eight steps of a two-layer tiny model, data- and expert-parallel over four CPU devices with
     the sluice path (with fsdp: expert weights and their optimizer state also split over the data
-    axis); then the run is resumed from its step-4 checkpoint and must end on the same loss."""
+    axis; bf16-moments: AdamW's moments kept in bfloat16); then the run is resumed from its step-4
+    checkpoint and must end on the same loss."""
     from sluice import train
 
     if len(jax.devices()) < 4:
@@ -187,6 +192,7 @@ def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp):
     ]
     if fsdp:
         argv.insert(0, "--fsdp")
+    argv[:0] = ["--opt-state-dtype", states]
     train.main(argv)
     steps = _records(out, "train")
     assert [r["step"] for r in steps] == list(range(2, 9))
@@ -222,6 +228,41 @@ def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp):
     plot.main([out, resumed, "--out", png, "--labels", "straight,resumed"])
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_adam_moments_in_bfloat16():
+    """scale_by_adam_in: in float32 it is optax.scale_by_adam; in bfloat16 the moments are stored
+    rounded and the updates stay within bf16's rounding of optax's."""
+    import optax
+    from sluice.train import make_optimizer, scale_by_adam_in
+
+    rng = np.random.default_rng(1)
+    params = {"w": jnp.asarray(rng.standard_normal((16, 8)), jnp.float32), "b": jnp.zeros(8)}
+    grads = [
+        jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), params)
+        for _ in range(5)
+    ]
+    ref, f32, b16 = (
+        optax.scale_by_adam(b2=0.95),
+        scale_by_adam_in(jnp.float32, b2=0.95),
+        (scale_by_adam_in(jnp.bfloat16, b2=0.95)),
+    )
+    sr, s32, s16 = ref.init(params), f32.init(params), b16.init(params)
+    for g in grads:
+        ur, sr = ref.update(g, sr)
+        u32, s32 = f32.update(g, s32)
+        u16, s16 = b16.update(g, s16)
+        for a, b in zip(jax.tree.leaves(u32), jax.tree.leaves(ur)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        for a, b in zip(jax.tree.leaves(u16), jax.tree.leaves(ur)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=3e-2, atol=3e-2)
+    assert {x.dtype for x in jax.tree.leaves((s16.mu, s16.nu))} == {jnp.dtype(jnp.bfloat16)}
+    assert jax.tree.leaves(u16)[0].dtype == jnp.float32
+    hp = {"warmup": 2, "steps": 10, "lr": 1e-3, "opt_state_dtype": "bfloat16"}
+    opt, _ = make_optimizer(hp)
+    st = opt.init(params)
+    moments = [x for x in jax.tree.leaves(st) if getattr(x, "ndim", 0) >= 1]
+    assert moments and all(x.dtype == jnp.bfloat16 for x in moments)
 
 
 def _random_corpus(path, val_tokens):
