@@ -18,6 +18,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "../core/ep_internal.h"
 
 /* Kernels named sluice_cuda::(anonymous namespace)::..., as the gmm kernels sluice_cuda::sm90::...: a
@@ -452,6 +454,17 @@ sl_status check(const sl_ep_fan_desc *d, const char *op) {
   return SL_STATUS_SUCCESS;
 }
 
+/* f(std::integral_constant<int, t>) for the row dtype t: the fan_in kernels' template argument. */
+template <class F>
+void by_x_dtype(sl_dtype t, F f) {
+  if (t == SL_DTYPE_BF16)
+    f(std::integral_constant<int, SL_DTYPE_BF16>());
+  else if (t == SL_DTYPE_F16)
+    f(std::integral_constant<int, SL_DTYPE_F16>());
+  else
+    f(std::integral_constant<int, SL_DTYPE_F32>());
+}
+
 int blocks_for(int64_t warps, int per_block_warps) {
   int64_t b = (warps + per_block_warps - 1) / per_block_warps;
   return (int)(b < 1 ? 1 : b > 1024 ? 1024 : b);
@@ -511,16 +524,11 @@ extern "C" sl_status sl_ep_fan_in_cuda(const sl_ep_fan_desc *d, const void *ys, 
   a.ys = ys, a.w = w, a.pos = pos, a.out = out;
   a.x_dtype = d->x_dtype, a.out_dtype = d->out_dtype;
   a.N = d->num_rows, a.H = d->hidden, a.k = d->topk, a.M = sl_ep_fan_rows(d);
-  if (a.N > 0) {
-    const cudaStream_t s = (cudaStream_t)stream;
-    const unsigned nb = (unsigned)blocks_for(a.N, 8);
-    if (a.x_dtype == SL_DTYPE_BF16)
-      fan_in_kernel<SL_DTYPE_BF16><<<nb, 256, 0, s>>>(a);
-    else if (a.x_dtype == SL_DTYPE_F16)
-      fan_in_kernel<SL_DTYPE_F16><<<nb, 256, 0, s>>>(a);
-    else
-      fan_in_kernel<SL_DTYPE_F32><<<nb, 256, 0, s>>>(a);
-  }
+  if (a.N > 0)
+    by_x_dtype(a.x_dtype, [&](auto xt) {
+      fan_in_kernel<decltype(xt)::value>
+          <<<blocks_for(a.N, 8), 256, 0, (cudaStream_t)stream>>>(a);
+    });
   cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? SL_STATUS_SUCCESS : fail(e, "fan_in");
 }
@@ -537,15 +545,10 @@ extern "C" sl_status sl_ep_fan_in_bwd_cuda(const sl_ep_fan_desc *d, const void *
   a.x_dtype = d->x_dtype, a.out_dtype = d->out_dtype;
   a.N = d->num_rows, a.H = d->hidden, a.k = d->topk, a.M = sl_ep_fan_rows(d);
   const int64_t row_bytes = a.H * (int64_t)sl_dtype_size(a.x_dtype);
-  if (a.N > 0) {
-    const unsigned nb = (unsigned)blocks_for(a.N, 8);
-    if (a.x_dtype == SL_DTYPE_BF16)
-      fan_in_bwd_kernel<SL_DTYPE_BF16><<<nb, 256, 0, s>>>(a);
-    else if (a.x_dtype == SL_DTYPE_F16)
-      fan_in_bwd_kernel<SL_DTYPE_F16><<<nb, 256, 0, s>>>(a);
-    else
-      fan_in_bwd_kernel<SL_DTYPE_F32><<<nb, 256, 0, s>>>(a);
-  }
+  if (a.N > 0)
+    by_x_dtype(a.x_dtype, [&](auto xt) {
+      fan_in_bwd_kernel<decltype(xt)::value><<<blocks_for(a.N, 8), 256, 0, s>>>(a);
+    });
   if (a.M > 0)
     fan_zero_tail_kernel<<<blocks_for(a.M, 8), 256, 0, s>>>((char *)dys, a.M, row_bytes, nullptr,
                                                             group_sizes, d->num_local_experts);
