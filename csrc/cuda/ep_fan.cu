@@ -101,6 +101,17 @@ __device__ __forceinline__ void zero_bytes(char *dst, int64_t bytes, int lane) {
   }
 }
 
+/* A warp per row: the calling warp's index in the grid, and the grid's warp count. */
+__device__ __forceinline__ int64_t first_warp() {
+  return ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+}
+__device__ __forceinline__ int64_t warps() { return (int64_t)gridDim.x * blockDim.x / 32; }
+/* Where slot `lane` of row i went (fan_out's pos), or -1: past k, masked, or not below M. */
+__device__ __forceinline__ int slot_pos(const int *pos, int64_t i, int64_t k, int64_t M, int lane) {
+  const int p = lane < k ? pos[i * k + lane] : -1;
+  return p < M ? p : -1;
+}
+
 struct FanArgs {
   const char *x;
   const int *idx;
@@ -219,11 +230,8 @@ __global__ void __launch_bounds__(1024) fan_place_kernel(FanArgs a) {
  * block per chunk of slots (32 blocks for 16k rows of k = 2). */
 __global__ void __launch_bounds__(256) fan_copy_kernel(FanArgs a) {
   const int lane = threadIdx.x & 31;
-  const int64_t gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32,
-                nw = (int64_t)gridDim.x * blockDim.x / 32;
-  for (int64_t i = gw; i < a.N; i += nw) {
-    int p = lane < a.k ? a.pos[i * a.k + lane] : -1;
-    if (p >= a.M) p = -1;
+  for (int64_t i = first_warp(); i < a.N; i += warps()) {
+    const int p = slot_pos(a.pos, i, a.k, a.M, lane);
     const char *src = a.x + i * a.row_bytes;
     if (a.row_bytes % 16 == 0) {
       const int64_t n = a.row_bytes / 16;
@@ -260,9 +268,8 @@ __global__ void fan_zero_tail_kernel(char *rows, int64_t M, int64_t row_bytes, c
     for (int64_t e = 0; e < L; ++e) total += max(group_sizes[e], 0);
   }
   const int lane = threadIdx.x & 31;
-  const int64_t gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32,
-                nw = (int64_t)gridDim.x * blockDim.x / 32;
-  for (int64_t r = total + gw; r < M; r += nw) zero_bytes(rows + r * row_bytes, row_bytes, lane);
+  for (int64_t r = total + first_warp(); r < M; r += warps())
+    zero_bytes(rows + r * row_bytes, row_bytes, lane);
 }
 
 /* ---- fan_in: a warp per row ---- */
@@ -280,17 +287,6 @@ struct FanInArgs {
  * are issued together, then summed in slot order (one load in flight per warp left the HBM ~40%
  * idle). A masked slot is skipped, not added as zero. */
 constexpr int kBatch = 4;
-
-/* Slot j0 + b's position (-1 past k, masked, or out of range) and weight, from lane j0 + b. */
-__device__ __forceinline__ void batch_slots(int p, float wt, int j0, int64_t k, int *pj, float *wj) {
-#pragma unroll
-  for (int b = 0; b < kBatch; ++b) {
-    const int src = (j0 + b) & 31;
-    pj[b] = __shfl_sync(0xffffffffu, p, src);
-    wj[b] = __shfl_sync(0xffffffffu, wt, src);
-    if (j0 + b >= k) pj[b] = -1;
-  }
-}
 
 /* 8 elements of dtype XT as loaded (one 16-byte vector for 16-bit types, two for f32), converted
  * to f32 only where they are summed. */
@@ -323,18 +319,33 @@ __device__ __forceinline__ void raw8_to_f32(const Raw8 &r, float *f) {
   }
 }
 
+/* Slots j0 .. j0 + kBatch - 1 of the warp's row: their places in ys (-1 past k, masked, or out of
+ * range) and weights, from lanes j0 + b, and (lanes whose 8 elements at h lie in the row) their
+ * rows' 8 elements at h, loaded together. */
+template <int XT>
+__device__ __forceinline__ void load_slots(int p, float wt, int j0, int64_t k, const void *ys,
+                                           int64_t H, int64_t h, int *pj, float *wj, Raw8 *r) {
+#pragma unroll
+  for (int b = 0; b < kBatch; ++b) {
+    const int src = (j0 + b) & 31;
+    pj[b] = __shfl_sync(0xffffffffu, p, src);
+    wj[b] = __shfl_sync(0xffffffffu, wt, src);
+    if (j0 + b >= k) pj[b] = -1;
+  }
+#pragma unroll
+  for (int b = 0; b < kBatch; ++b)
+    if (pj[b] >= 0 && h < H) r[b] = load_raw8<XT>(ys, (int64_t)pj[b] * H + h);
+}
+
 /* XT: a.x_dtype as a template argument, so that the kBatch loads in flight hold their raw 16-byte
  * vectors (4 registers each for 16-bit rows), not a three-way choice. */
 template <int XT>
 __global__ void __launch_bounds__(256) fan_in_kernel(FanInArgs a) {
   const sl_dtype xt = (sl_dtype)XT;
   const int lane = threadIdx.x & 31;
-  const int64_t gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32,
-                nw = (int64_t)gridDim.x * blockDim.x / 32;
   const bool vec = a.H % 8 == 0;
-  for (int64_t i = gw; i < a.N; i += nw) {
-    int p = lane < a.k ? a.pos[i * a.k + lane] : -1;
-    if (p >= a.M) p = -1;
+  for (int64_t i = first_warp(); i < a.N; i += warps()) {
+    const int p = slot_pos(a.pos, i, a.k, a.M, lane);
     const float wt = lane < a.k ? a.w[i * a.k + lane] : 0.0f;
     /* Every lane runs the same trip counts: the shuffles need the whole warp. */
     if (vec) {
@@ -346,10 +357,7 @@ __global__ void __launch_bounds__(256) fan_in_kernel(FanInArgs a) {
           int pj[kBatch];
           float wj[kBatch];
           Raw8 r[kBatch];
-          batch_slots(p, wt, j0, a.k, pj, wj);
-#pragma unroll
-          for (int b = 0; b < kBatch; ++b)
-            if (pj[b] >= 0 && in) r[b] = load_raw8<XT>(a.ys, (int64_t)pj[b] * a.H + h);
+          load_slots<XT>(p, wt, j0, a.k, a.ys, a.H, h, pj, wj, r);
 #pragma unroll
           for (int b = 0; b < kBatch; ++b)
             if (pj[b] >= 0 && in) {
@@ -382,11 +390,8 @@ template <int XT>
 __global__ void __launch_bounds__(256) fan_in_bwd_kernel(FanInArgs a) {
   const sl_dtype xt = (sl_dtype)XT;
   const int lane = threadIdx.x & 31;
-  const int64_t gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32,
-                nw = (int64_t)gridDim.x * blockDim.x / 32;
-  for (int64_t i = gw; i < a.N; i += nw) {
-    int p = lane < a.k ? a.pos[i * a.k + lane] : -1;
-    if (p >= a.M) p = -1;
+  for (int64_t i = first_warp(); i < a.N; i += warps()) {
+    const int p = slot_pos(a.pos, i, a.k, a.M, lane);
     const float wt = lane < a.k ? a.w[i * a.k + lane] : 0.0f;
     float dot = 0.0f; /* slot `lane`'s */
     if (a.H % 8 == 0) {
@@ -399,10 +404,7 @@ __global__ void __launch_bounds__(256) fan_in_bwd_kernel(FanInArgs a) {
           int pj[kBatch];
           float wj[kBatch], part[kBatch];
           Raw8 r[kBatch];
-          batch_slots(p, wt, j0, a.k, pj, wj);
-#pragma unroll
-          for (int b = 0; b < kBatch; ++b)
-            if (pj[b] >= 0 && in) r[b] = load_raw8<XT>(a.ys, (int64_t)pj[b] * a.H + h);
+          load_slots<XT>(p, wt, j0, a.k, a.ys, a.H, h, pj, wj, r);
 #pragma unroll
           for (int b = 0; b < kBatch; ++b) {
             part[b] = 0.0f;
