@@ -21,9 +21,11 @@
 #include <type_traits>
 
 #include "../core/ep_internal.h"
+#include "gmm_common.cuh"
+#include "half_pack.cuh"
 
-/* Kernels named sluice_cuda::(anonymous namespace)::..., as the gmm kernels sluice_cuda::sm90::...: a
- * profile (sluice-profile) counts them as sluice's. */
+/* Kernels named sluice_cuda::(anonymous namespace)::..., as the gmm kernels sluice_cuda::sm90::...:
+ * a profile (sluice-profile) counts them as sluice's. */
 namespace sluice_cuda {
 namespace {
 
@@ -37,19 +39,10 @@ __device__ __forceinline__ void load8(sl_dtype t, const void *p, int64_t i, floa
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
   } else {
     const int4 v = *(const int4 *)((const uint16_t *)p + i);
-    if (t == SL_DTYPE_BF16) {
-      const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
-      for (int q = 0; q < 4; ++q) {
-        const float2 x = __bfloat1622float2(h[q]);
-        f[2 * q] = x.x, f[2 * q + 1] = x.y;
-      }
-    } else {
-      const __half2 *h = (const __half2 *)&v;
-      for (int q = 0; q < 4; ++q) {
-        const float2 x = __half22float2(h[q]);
-        f[2 * q] = x.x, f[2 * q + 1] = x.y;
-      }
-    }
+    if (t == SL_DTYPE_BF16)
+      unpack8<__nv_bfloat16>(v, f);
+    else
+      unpack8<__half>(v, f);
   }
 }
 __device__ __forceinline__ void store8(sl_dtype t, void *p, int64_t i, const float *f) {
@@ -57,21 +50,13 @@ __device__ __forceinline__ void store8(sl_dtype t, void *p, int64_t i, const flo
     *(float4 *)((float *)p + i) = make_float4(f[0], f[1], f[2], f[3]);
     *(float4 *)((float *)p + i + 4) = make_float4(f[4], f[5], f[6], f[7]);
   } else {
-    int4 v;
-    if (t == SL_DTYPE_BF16) {
-      __nv_bfloat162 *h = (__nv_bfloat162 *)&v;
-      for (int q = 0; q < 4; ++q) h[q] = __floats2bfloat162_rn(f[2 * q], f[2 * q + 1]);
-    } else {
-      __half2 *h = (__half2 *)&v;
-      for (int q = 0; q < 4; ++q) h[q] = __floats2half2_rn(f[2 * q], f[2 * q + 1]);
-    }
-    *(int4 *)((uint16_t *)p + i) = v;
+    *(int4 *)((uint16_t *)p + i) = t == SL_DTYPE_BF16 ? pack8<__nv_bfloat16>(f) : pack8<__half>(f);
   }
 }
 __device__ __forceinline__ float load1(sl_dtype t, const void *p, int64_t i) {
   if (t == SL_DTYPE_F32) return ((const float *)p)[i];
-  if (t == SL_DTYPE_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-  return __half2float(((const __half *)p)[i]);
+  if (t == SL_DTYPE_BF16) return to_f32(((const __nv_bfloat16 *)p)[i]);
+  return to_f32(((const __half *)p)[i]);
 }
 __device__ __forceinline__ void store1(sl_dtype t, void *p, int64_t i, float v) {
   if (t == SL_DTYPE_F32)
@@ -160,9 +145,9 @@ __global__ void __launch_bounds__(1024) fan_count_kernel(FanArgs a) {
 
 __global__ void __launch_bounds__(1024) fan_scan_kernel(FanArgs a) {
   __shared__ int tot[kMaxLocalFan];
-  __shared__ int warp_base[32];
+  __shared__ long long warp_sums[32];
   int *start = a.ws + a.chunks * a.L;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
   /* Per expert (a thread each), exclusive sums over the chunks, 8 chunks' loads in flight. */
   for (int64_t e = tid; e < a.L; e += blockDim.x) {
     int run = 0;
@@ -178,29 +163,12 @@ __global__ void __launch_bounds__(1024) fan_scan_kernel(FanArgs a) {
   }
   __syncthreads();
   /* Exclusive sums over the experts: a contiguous run of experts per thread, the threads' sums
-   * scanned within each warp, then across the warps. */
+   * scanned across the block. */
   const int64_t seg = (a.L + blockDim.x - 1) / blockDim.x, lo = min(tid * seg, a.L),
                 hi = min(lo + seg, a.L);
   int mine = 0;
   for (int64_t e = lo; e < hi; ++e) mine += tot[e];
-  int incl = mine;
-  for (int o = 1; o < 32; o <<= 1) {
-    const int t = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += t;
-  }
-  if (lane == 31) warp_base[warp] = incl;
-  __syncthreads();
-  if (warp == 0) {
-    const int w = lane < (int)(blockDim.x / 32) ? warp_base[lane] : 0;
-    int wi = w;
-    for (int o = 1; o < 32; o <<= 1) {
-      const int t = __shfl_up_sync(0xffffffffu, wi, o);
-      if (lane >= o) wi += t;
-    }
-    warp_base[lane] = wi - w;
-  }
-  __syncthreads();
-  int run = warp_base[warp] + incl - mine;
+  int run = (int)(block_inclusive_scan(mine, warp_sums) - mine);
   for (int64_t e = lo; e < hi; ++e) {
     start[e] = run;
     run += tot[e];
@@ -226,8 +194,8 @@ __global__ void __launch_bounds__(1024) fan_place_kernel(FanArgs a) {
 }
 
 /* xs[pos[i, j]] = x[i]: a warp per row, each 16-byte vector of the row loaded once (four per lane
- * in flight) and stored to every slot's place. Its own launch, so that the whole GPU copies, not one
- * block per chunk of slots (32 blocks for 16k rows of k = 2). */
+ * in flight) and stored to every slot's place. Its own launch, so that the whole GPU copies, not
+ * one block per chunk of slots (32 blocks for 16k rows of k = 2). */
 __global__ void __launch_bounds__(256) fan_copy_kernel(FanArgs a) {
   const int lane = threadIdx.x & 31;
   for (int64_t i = first_warp(); i < a.N; i += warps()) {
@@ -310,12 +278,10 @@ __device__ __forceinline__ void raw8_to_f32(const Raw8 &r, float *f) {
     const int w[8] = {r.lo.x, r.lo.y, r.lo.z, r.lo.w, r.hi.x, r.hi.y, r.hi.z, r.hi.w};
     for (int q = 0; q < 8; ++q) f[q] = __int_as_float(w[q]);
   } else {
-    const int w[4] = {r.lo.x, r.lo.y, r.lo.z, r.lo.w};
-    for (int q = 0; q < 4; ++q) {
-      const float2 x = XT == SL_DTYPE_BF16 ? __bfloat1622float2(*(const __nv_bfloat162 *)&w[q])
-                                            : __half22float2(*(const __half2 *)&w[q]);
-      f[2 * q] = x.x, f[2 * q + 1] = x.y;
-    }
+    if (XT == SL_DTYPE_BF16)
+      unpack8<__nv_bfloat16>(r.lo, f);
+    else
+      unpack8<__half>(r.lo, f);
   }
 }
 
@@ -528,8 +494,7 @@ extern "C" sl_status sl_ep_fan_in_cuda(const sl_ep_fan_desc *d, const void *ys, 
   a.N = d->num_rows, a.H = d->hidden, a.k = d->topk, a.M = sl_ep_fan_rows(d);
   if (a.N > 0)
     by_x_dtype(a.x_dtype, [&](auto xt) {
-      fan_in_kernel<decltype(xt)::value>
-          <<<blocks_for(a.N, 8), 256, 0, (cudaStream_t)stream>>>(a);
+      fan_in_kernel<decltype(xt)::value><<<blocks_for(a.N, 8), 256, 0, (cudaStream_t)stream>>>(a);
     });
   cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? SL_STATUS_SUCCESS : fail(e, "fan_in");

@@ -36,9 +36,10 @@
 
 #include "../core/ep_internal.h"
 #include "ep_nccl.h"
+#include "half_pack.cuh"
 
-/* Kernels named sluice_cuda::(anonymous namespace)::..., as the gmm kernels sluice_cuda::sm90::...: a
- * profile (sluice-profile) counts them as sluice's. */
+/* Kernels named sluice_cuda::(anonymous namespace)::..., as the gmm kernels sluice_cuda::sm90::...:
+ * a profile (sluice-profile) counts them as sluice's. */
 namespace sluice_cuda {
 namespace {
 
@@ -602,8 +603,18 @@ __global__ void __launch_bounds__(kThreads) combine_push_kernel(PushArgs a) {
 }
 
 /* ---- combine: pull rows from the peers' y, sum in rank order -------------------------------- */
-template <typename T>
-struct Elems;
+template <typename T> /* bf16, f16 */
+struct Elems {
+  static constexpr int n = 8;
+  __device__ static void add(float *acc, int4 v) {
+    float f[8];
+    unpack8<T>(v, f);
+    for (int i = 0; i < 8; ++i) acc[i] += f[i];
+  }
+  __device__ static int4 pack(const float *acc) { return pack8<T>(acc); }
+  __device__ static float get(const void *p, int64_t i) { return to_f32(((const T *)p)[i]); }
+  __device__ static void put(void *p, int64_t i, float v) { ((T *)p)[i] = HalfPair<T>::one(v); }
+};
 template <>
 struct Elems<float> {
   static constexpr int n = 4;
@@ -617,50 +628,6 @@ struct Elems<float> {
   }
   __device__ static float get(const void *p, int64_t i) { return ((const float *)p)[i]; }
   __device__ static void put(void *p, int64_t i, float v) { ((float *)p)[i] = v; }
-};
-template <>
-struct Elems<__nv_bfloat16> {
-  static constexpr int n = 8;
-  __device__ static void add(float *acc, int4 v) {
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&v;
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(h[i]);
-      acc[2 * i] += f.x, acc[2 * i + 1] += f.y;
-    }
-  }
-  __device__ static int4 pack(const float *acc) {
-    int4 v;
-    __nv_bfloat162 *h = (__nv_bfloat162 *)&v;
-    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-    return v;
-  }
-  __device__ static float get(const void *p, int64_t i) {
-    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-  }
-  __device__ static void put(void *p, int64_t i, float v) {
-    ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
-  }
-};
-template <>
-struct Elems<__half> {
-  static constexpr int n = 8;
-  __device__ static void add(float *acc, int4 v) {
-    const __half2 *h = (const __half2 *)&v;
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __half22float2(h[i]);
-      acc[2 * i] += f.x, acc[2 * i + 1] += f.y;
-    }
-  }
-  __device__ static int4 pack(const float *acc) {
-    int4 v;
-    __half2 *h = (__half2 *)&v;
-    for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(acc[2 * i], acc[2 * i + 1]);
-    return v;
-  }
-  __device__ static float get(const void *p, int64_t i) {
-    return __half2float(((const __half *)p)[i]);
-  }
-  __device__ static void put(void *p, int64_t i, float v) { ((__half *)p)[i] = __float2half_rn(v); }
 };
 
 struct CombineArgs {
