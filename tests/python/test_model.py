@@ -230,6 +230,43 @@ def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp, states):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_weight_copies_change_nothing():
+    """A training step given compute_copies (the bf16 matrices the optimizer's update makes for the
+    next step) gives the same bits as one whose forward pass casts the parameters itself: every
+    parameter the copies replace is one the model casts where it uses it. The step's own copies
+    are those of its updated parameters; the router and the norms have none."""
+    from sluice import train
+
+    cfg = dataclasses.replace(TINY, dtype=jnp.bfloat16)
+    cfg = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, dtype=jnp.bfloat16))
+    graphdef, params, rest = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    opt, _ = train.make_optimizer({"warmup": 2, "steps": 10, "lr": 1e-3})
+    opt_state = opt.init(params)
+    train_step, eval_step = (jax.jit(f) for f in train.make_steps(graphdef, opt, cfg))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (4, 65)), jnp.int32)
+    copies = train.compute_copies(params, cfg.dtype)
+    plain = train_step(params, rest, opt_state, tokens, None)
+    fast = train_step(params, rest, opt_state, tokens, copies)
+    for a, b in zip(jax.tree.leaves(plain[:3]), jax.tree.leaves(fast[:3]), strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    assert float(plain[4]["loss"]) == float(fast[4]["loss"])
+    for a, b in zip(
+        jax.tree.leaves(train.compute_copies(fast[0], cfg.dtype)), jax.tree.leaves(fast[3])
+    ):
+        assert b.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    named = {jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)}
+    with_copy = {
+        jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(copies)
+    }
+    assert all("router" in k or "norm" in k for k in named - with_copy)
+    assert any("router" in k for k in named - with_copy)
+    assert float(eval_step(params, rest, tokens, None)) == float(
+        eval_step(params, rest, tokens, copies)
+    )
+
+
 def test_adam_moments_in_bfloat16():
     """scale_by_adam_in: in float32 it is optax.scale_by_adam; in bfloat16 the moments are stored
     rounded and the updates stay within bf16's rounding of optax's."""
