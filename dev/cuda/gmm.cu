@@ -66,19 +66,11 @@
 #include "../../csrc/cuda/gmm_launch.cu"
 #include "../../csrc/cuda/sm80_gmm.cu"
 #include "../../csrc/cuda/sm90_gmm.cu"
+#include "../probe/probe.cuh" /* CK, fill_random */
 
 #ifndef HARNESS_TGMM
 #define HARNESS_TGMM 0
 #endif
-
-#define CK(x)                                                                    \
-  do {                                                                           \
-    cudaError_t e_ = (x);                                                        \
-    if (e_ != cudaSuccess) {                                                     \
-      fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      exit(1);                                                                   \
-    }                                                                            \
-  } while (0)
 
 static const bool kTgmm = HARNESS_TGMM;
 /* HARNESS_OUT=f32: time (and check) f32 outputs instead of bf16 ones */
@@ -136,16 +128,6 @@ static float bf16_float(uint16_t u) {
   float f;
   memcpy(&f, &w, 4);
   return f;
-}
-
-/* Random bf16 in [-1, 1) from a hash of the index: the timing inputs are made on the device. */
-__global__ void fill_random(__nv_bfloat16 *p, size_t n, uint32_t seed) {
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += (size_t)gridDim.x * blockDim.x) {
-    uint32_t x = (uint32_t)i * 2654435761u ^ (uint32_t)(i >> 32) * 40503u ^ seed;
-    x ^= x >> 16, x *= 0x7feb352du, x ^= x >> 15, x *= 0x846ca68bu, x ^= x >> 16;
-    p[i] = __float2bfloat16_rn((float)(x >> 8) * (2.f / 16777216.f) - 1.f);
-  }
 }
 
 struct Problem {

@@ -1,8 +1,11 @@
-/* What the dev/probe CUDA programs share: the sm90 building blocks and a checked CUDA call. */
+/* What the dev CUDA programs (dev/probe/*.cu and the dev/cuda harnesses) share: the sm90 building
+ * blocks, a checked CUDA call and random inputs made on the device. */
 #ifndef SLUICE_DEV_PROBE_CUH_
 #define SLUICE_DEV_PROBE_CUH_
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -13,13 +16,13 @@
 
 using namespace sluice_cuda::sm90;
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
+#define CK(x)                                                                            \
+  do {                                                                                   \
+    cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                             \
       fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                             \
-    }                                                                                      \
+      exit(1);                                                                           \
+    }                                                                                    \
   } while (0)
 
 /* After a launch recorded between e0 and e1: waits for it, checks it, and returns its time in ms
@@ -37,6 +40,21 @@ static inline float probe_finish(cudaEvent_t e0, cudaEvent_t e1, const long long
   for (long long x : h) mean += (double)x;
   *mean_cycles = mean / sms;
   return t;
+}
+
+/* A 32-bit hash finaliser: the random inputs' bits. */
+__host__ __device__ __forceinline__ uint32_t mix32(uint32_t x) {
+  x ^= x >> 16, x *= 0x7feb352du, x ^= x >> 15, x *= 0x846ca68bu, x ^= x >> 16;
+  return x;
+}
+
+/* Random bf16 in [-1, 1) from a hash of the index: the timing inputs are made on the device. */
+__global__ void fill_random(__nv_bfloat16 *p, size_t n, uint32_t seed) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    const uint32_t x = mix32((uint32_t)i * 2654435761u ^ (uint32_t)(i >> 32) * 40503u ^ seed);
+    p[i] = __float2bfloat16_rn((float)(x >> 8) * (2.f / 16777216.f) - 1.f);
+  }
 }
 
 #ifdef SLUICE_SM90A_DEVICE
@@ -61,9 +79,8 @@ __device__ __forceinline__ void fence64(float (&d)[64]) {
  * multipliers switch as on real data. */
 __device__ __forceinline__ void fill_smem_random(unsigned char *base, int bytes) {
   for (int i = threadIdx.x; i < bytes / 4; i += blockDim.x) {
-    uint32_t x = (uint32_t)i * 2654435761u ^ (blockIdx.x * 40503u);
-    x ^= x >> 16, x *= 0x7feb352du, x ^= x >> 15, x *= 0x846ca68bu, x ^= x >> 16;
-    const uint32_t lo = 0x3f80u | ((x & 0x7fu)) | ((x & 0x80u) << 8);       /* +-[1, 2) */
+    const uint32_t x = mix32((uint32_t)i * 2654435761u ^ (blockIdx.x * 40503u));
+    const uint32_t lo = 0x3f80u | ((x & 0x7fu)) | ((x & 0x80u) << 8);            /* +-[1, 2) */
     const uint32_t hi = 0x3f00u | ((x >> 8) & 0x7fu) | (((x >> 15) & 1u) << 15); /* +-[0.5, 1) */
     reinterpret_cast<uint32_t *>(base)[i] = lo | (hi << 16);
   }

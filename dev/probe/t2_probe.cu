@@ -179,15 +179,6 @@ __global__ void __launch_bounds__(384, 1)
 }
 } /* namespace t2 */
 
-__global__ void fill_random(__nv_bfloat16 *p, size_t n, uint32_t seed) {
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += (size_t)gridDim.x * blockDim.x) {
-    uint32_t x = (uint32_t)i * 2654435761u ^ (uint32_t)(i >> 32) * 40503u ^ seed;
-    x ^= x >> 16, x *= 0x7feb352du, x ^= x >> 15, x *= 0x846ca68bu, x ^= x >> 16;
-    p[i] = __float2bfloat16_rn((float)(x >> 8) * (2.f / 16777216.f) - 1.f);
-  }
-}
-
 /* max |a - b| / max |b| over n bf16 */
 __global__ void max_diff(const __nv_bfloat16 *a, const __nv_bfloat16 *b, size_t n, float *res) {
   float d = 0.f, r = 0.f;

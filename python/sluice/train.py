@@ -184,8 +184,13 @@ def make_mesh(ep: int, num_devices: int | None) -> Mesh:
     return Mesh(np.array(devices).reshape(len(devices) // ep, ep), (DATA_AXIS, EXPERT_AXIS))
 
 
+def _path_keys(path) -> list:
+    """A pytree path's dict keys and attribute names."""
+    return [getattr(k, "key", getattr(k, "name", None)) for k in path]
+
+
 def _is_expert_weight(path, leaf) -> bool:
-    keys = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+    keys = _path_keys(path)
     return "ffn" in keys and any(k in ("wi", "wo") for k in keys) and getattr(leaf, "ndim", 0) == 3
 
 
@@ -202,8 +207,7 @@ def shardings_for(tree, mesh: Mesh, moe_cfg=None):
             return P()
         if not fsdp:
             return P(EXPERT_AXIS)
-        keys = [getattr(k, "key", getattr(k, "name", None)) for k in path]
-        return wi_spec if "wi" in keys else wo_spec
+        return wi_spec if "wi" in _path_keys(path) else wo_spec
 
     return jax.tree_util.tree_map_with_path(
         lambda path, leaf: NamedSharding(mesh, spec(path, leaf)), tree
@@ -263,8 +267,7 @@ def make_optimizer(hp):
 def _cast_where_used(path, leaf) -> bool:
     """The parameters the model casts to its compute dtype where it multiplies them: every matrix
     but the router's (which stays float32, with the norms)."""
-    keys = [getattr(k, "key", getattr(k, "name", None)) for k in path]
-    return getattr(leaf, "ndim", 0) >= 2 and "router" not in keys
+    return getattr(leaf, "ndim", 0) >= 2 and "router" not in _path_keys(path)
 
 
 def compute_copies(params, dtype):
@@ -303,10 +306,8 @@ def make_steps(graphdef, opt, cfg: ModelConfig):
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        if copies is not None:
-            copies = jax.tree.map(
-                lambda p, c: None if c is None else p.astype(c.dtype), params, copies
-            )
+        if copies is not None:  # the next step's, fused with the update
+            copies = compute_copies(params, cfg.dtype)
         model = nnx.merge(graphdef, params, rest)
         model.update_router_bias(aux["load"])  # aux-loss-free balancing, outside the gradient
         _, _, rest = nnx.split(model, nnx.Param, ...)

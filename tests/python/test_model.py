@@ -82,18 +82,14 @@ def test_one_hot_embedding_is_the_lookup(monkeypatch):
 
 
 def test_attention_implementation_choice():
-    gpu = jax.default_backend() == "gpu"
-    assert model_mod_attention(dataclasses.replace(TINY, dtype=jnp.bfloat16)) == (
-        "cudnn" if gpu else None
-    )
-    assert model_mod_attention(TINY) is None  # f32: XLA's
-    assert model_mod_attention(dataclasses.replace(TINY, attention="xla")) == "xla"
-
-
-def model_mod_attention(cfg):
     from sluice.model import attention_impl
 
-    return attention_impl(cfg)
+    gpu = jax.default_backend() == "gpu"
+    assert attention_impl(dataclasses.replace(TINY, dtype=jnp.bfloat16)) == (
+        "cudnn" if gpu else None
+    )
+    assert attention_impl(TINY) is None  # f32: XLA's
+    assert attention_impl(dataclasses.replace(TINY, attention="xla")) == "xla"
 
 
 def test_parameter_counts():
