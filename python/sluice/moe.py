@@ -144,10 +144,15 @@ def route(cfg: MoEConfig, logits: jax.Array, bias: jax.Array):
     return idx.astype(jnp.int32), weights * cfg.routed_scaling, scores
 
 
-def load_balance_loss(scores: jax.Array, idx: jax.Array, num_experts: int) -> jax.Array:
-    """Switch Transformer's loss E * sum_e f_e * p_e (1.0 when balanced), on one shard's tokens."""
+def load_balance_loss(
+    scores: jax.Array, idx: jax.Array, num_experts: int, counts: jax.Array | None = None
+) -> jax.Array:
+    """Switch Transformer's loss E * sum_e f_e * p_e (1.0 when balanced), on one shard's tokens.
+    ``counts``: the per-expert copies of ``idx`` when already counted."""
     probs = scores / scores.sum(-1, keepdims=True)
-    frac = jnp.bincount(idx.reshape(-1), length=num_experts) / idx.size
+    if counts is None:
+        counts = jnp.bincount(idx.reshape(-1), length=num_experts)
+    frac = counts / idx.size
     return num_experts * jnp.sum(jax.lax.stop_gradient(frac) * probs.mean(0))
 
 
@@ -243,18 +248,19 @@ def _sort_by_expert(x, idx, num_experts):
 
 
 def _dropless_local(cfg, x, idx, weights, wi, wo, gmm):
-    """x [T,D], all experts local."""
+    """x [T,D], all experts local -> (y [T,D], per-expert copy counts, int32 [E])."""
     t, d = x.shape
     if gmm is _sluice_gmm:
         # sluice's counting-sort fan-out/fan-in (C/CUDA, no argsort, no scatter-add in the backward).
         from sluice import ep
 
         xs, counts, fan = ep.fan_out_tokens(x, idx, weights, num_experts=cfg.num_experts)
-        return ep.fan_in(_swiglu_grouped(xs, wi, wo, counts, gmm), fan, out_dtype=jnp.float32)
+        ys = _swiglu_grouped(xs, wi, wo, counts, gmm)
+        return ep.fan_in(ys, fan, out_dtype=jnp.float32), counts
     xs, order, counts = _sort_by_expert(x, idx, cfg.num_experts)
     ys = _swiglu_grouped(xs, wi, wo, counts, gmm)
     y = ys[_inverse_permutation(order)].reshape(t, cfg.top_k, d)
-    return _weighted_sum(y, weights)
+    return _weighted_sum(y, weights), counts
 
 
 def _exclusive_cumsum(a, axis=-1):
@@ -435,6 +441,7 @@ def moe_block(
     def total(v):
         return jax.lax.psum(v, reduce_axes) if reduce_axes else v
 
+    counts = None  # per-expert copies of this shard's tokens, where the path counts them anyway
     if cfg.impl == "dense":
         y, dropped = _dense(
             cfg, x, idx.reshape(b, s, -1), weights.reshape(b, s, -1), wi, wo, ep_axis
@@ -445,18 +452,20 @@ def moe_block(
         gmm = _sluice_gmm if cfg.impl == "sluice" and cfg.use_sluice_gmm else _ragged_dot
         xt = x.reshape(b * s, d)
         if ep_axis is None:
-            y = _dropless_local(cfg, xt, idx, weights, wi, wo, gmm)
+            y, counts = _dropless_local(cfg, xt, idx, weights, wi, wo, gmm)
         elif sluice_dispatch:
             y, dropped = _dropless_sluice_ep(cfg, xt, idx, weights, wi, wo, gmm, ep_axis)
         else:
             y = _dropless_ragged_a2a(cfg, xt, idx, weights, wi, wo, gmm, ep_axis, emulate_a2a)
 
-    load = total(jnp.bincount(idx.reshape(-1), length=cfg.num_experts).astype(jnp.float32))
+    if counts is None:
+        counts = jnp.bincount(idx.reshape(-1), length=cfg.num_experts)
+    load = total(counts.astype(jnp.float32))
     stats = {
         "load": load,
         "dropped": total(dropped) / jnp.sum(load),
         "aux_loss": (
-            total(load_balance_loss(scores, idx, cfg.num_experts))
+            total(load_balance_loss(scores, idx, cfg.num_experts, counts))
             / (total(jnp.ones((), jnp.float32)))
         ),
     }
