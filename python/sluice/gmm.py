@@ -60,22 +60,12 @@ def _offset_array(group_offset):
     return jnp.reshape(jnp.asarray(group_offset, jnp.int32), (1,))
 
 
-def _ffi(target, out_shape, out_dtype, lhs, rhs, group_sizes, group_offset, ws_bytes, **attrs):
-    # Inside shard_map the result varies over whatever mesh axes the operands vary over.
-    kw = _vary_kw(lhs, rhs, group_sizes, group_offset)
-    call = jax.ffi.ffi_call(
-        target,
-        (jax.ShapeDtypeStruct(out_shape, out_dtype, **kw),
-         jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8, **kw)),
-        vmap_method="broadcast_all",
-    )
-    return call(lhs, rhs, group_sizes, group_offset, **attrs)[0]
-
-
-def _gmm_call(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype):
+def _ffi(
+    target, out_shape, out_dtype, lhs, rhs, group_sizes, group_offset, *, n, g_local, transpose_rhs
+):
+    """One FFI call of `target` (gmm or tgmm): lhs [..., M, K], output [..., N] columns, g_local
+    local groups; its workspace sized by the library for this problem."""
     m, k = lhs.shape[-2:]
-    g_local = rhs.shape[-3]
-    n = rhs.shape[-2] if transpose_rhs else rhs.shape[-1]
     ws = _lib.gmm_workspace_bytes(
         m=m,
         k=k,
@@ -86,42 +76,35 @@ def _gmm_call(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype):
         out_dtype=jnp.dtype(out_dtype),
         transpose_rhs=transpose_rhs,
     )
-    return _ffi(
-        "sluice_gmm",
-        lhs.shape[:-2] + (m, n),
-        out_dtype,
-        lhs,
-        rhs,
-        group_sizes,
-        group_offset,
-        ws,
-        transpose_rhs=np.int32(transpose_rhs),
+    # Inside shard_map the result varies over whatever mesh axes the operands vary over.
+    kw = _vary_kw(lhs, rhs, group_sizes, group_offset)
+    call = jax.ffi.ffi_call(
+        target,
+        (jax.ShapeDtypeStruct(out_shape, out_dtype, **kw),
+         jax.ShapeDtypeStruct((ws,), jnp.uint8, **kw)),
+        vmap_method="broadcast_all",
     )
+    attrs = {"transpose_rhs": np.int32(transpose_rhs)} if target == "sluice_gmm" else {}
+    return call(lhs, rhs, group_sizes, group_offset, **attrs)[0]
+
+
+def _gmm_call(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype):
+    n = rhs.shape[-2] if transpose_rhs else rhs.shape[-1]
+    out_shape = lhs.shape[:-1] + (n,)
+    g_local = rhs.shape[-3]
+    return _ffi(
+        "sluice_gmm", out_shape, out_dtype, lhs, rhs, group_sizes, group_offset,
+        n=n, g_local=g_local, transpose_rhs=transpose_rhs,
+    )  # fmt: skip
 
 
 def _tgmm_call(lhs, rhs, group_sizes, group_offset, num_local_groups, out_dtype):
-    m, k = lhs.shape[-2:]
-    n = rhs.shape[-1]
-    ws = _lib.gmm_workspace_bytes(
-        m=m,
-        k=k,
-        n=n,
-        num_groups=group_sizes.shape[-1],
-        num_local_groups=num_local_groups,
-        dtype=jnp.dtype(lhs.dtype),
-        out_dtype=jnp.dtype(out_dtype),
-        transpose_rhs=False,
-    )
+    k, n = lhs.shape[-1], rhs.shape[-1]
+    out_shape = lhs.shape[:-2] + (num_local_groups, k, n)
     return _ffi(
-        "sluice_tgmm",
-        lhs.shape[:-2] + (num_local_groups, k, n),
-        out_dtype,
-        lhs,
-        rhs,
-        group_sizes,
-        group_offset,
-        ws,
-    )
+        "sluice_tgmm", out_shape, out_dtype, lhs, rhs, group_sizes, group_offset,
+        n=n, g_local=num_local_groups, transpose_rhs=False,
+    )  # fmt: skip
 
 
 # ---- gmm with its VJP ------------------------------------------------------------------------
