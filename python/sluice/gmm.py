@@ -61,10 +61,10 @@ def _offset_array(group_offset):
 
 
 def _ffi(
-    target, out_shape, out_dtype, lhs, rhs, group_sizes, group_offset, *, n, g_local, transpose_rhs
+    target, out_shape, out_dtype, lhs, rhs, group_sizes, group_offset, *, n, g_local, **attrs
 ):
-    """One FFI call of `target` (gmm or tgmm): lhs [..., M, K], output [..., N] columns, g_local
-    local groups; its workspace sized by the library for this problem."""
+    """One FFI call of `target` (gmm or tgmm) with `attrs`: lhs [..., M, K], output [..., N]
+    columns, g_local local groups; its workspace sized by the library for this problem."""
     m, k = lhs.shape[-2:]
     ws = _lib.gmm_workspace_bytes(
         m=m,
@@ -74,7 +74,7 @@ def _ffi(
         num_local_groups=g_local,
         dtype=jnp.dtype(lhs.dtype),
         out_dtype=jnp.dtype(out_dtype),
-        transpose_rhs=transpose_rhs,
+        transpose_rhs=bool(attrs.get("transpose_rhs", False)),
     )
     # Inside shard_map the result varies over whatever mesh axes the operands vary over.
     kw = _vary_kw(lhs, rhs, group_sizes, group_offset)
@@ -84,7 +84,6 @@ def _ffi(
          jax.ShapeDtypeStruct((ws,), jnp.uint8, **kw)),
         vmap_method="broadcast_all",
     )
-    attrs = {"transpose_rhs": np.int32(transpose_rhs)} if target == "sluice_gmm" else {}
     return call(lhs, rhs, group_sizes, group_offset, **attrs)[0]
 
 
@@ -94,7 +93,7 @@ def _gmm_call(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype):
     g_local = rhs.shape[-3]
     return _ffi(
         "sluice_gmm", out_shape, out_dtype, lhs, rhs, group_sizes, group_offset,
-        n=n, g_local=g_local, transpose_rhs=transpose_rhs,
+        n=n, g_local=g_local, transpose_rhs=np.int32(transpose_rhs),
     )  # fmt: skip
 
 
@@ -103,7 +102,7 @@ def _tgmm_call(lhs, rhs, group_sizes, group_offset, num_local_groups, out_dtype)
     out_shape = lhs.shape[:-2] + (num_local_groups, k, n)
     return _ffi(
         "sluice_tgmm", out_shape, out_dtype, lhs, rhs, group_sizes, group_offset,
-        n=n, g_local=num_local_groups, transpose_rhs=False,
+        n=n, g_local=num_local_groups,
     )  # fmt: skip
 
 

@@ -144,16 +144,12 @@ def route(cfg: MoEConfig, logits: jax.Array, bias: jax.Array):
     return idx.astype(jnp.int32), weights * cfg.routed_scaling, scores
 
 
-def load_balance_loss(
-    scores: jax.Array, idx: jax.Array, num_experts: int, counts: jax.Array | None = None
-) -> jax.Array:
-    """Switch Transformer's loss E * sum_e f_e * p_e (1.0 when balanced), on one shard's tokens.
-    ``counts``: the per-expert copies of ``idx`` when already counted."""
+def load_balance_loss(scores: jax.Array, idx: jax.Array, counts: jax.Array) -> jax.Array:
+    """Switch Transformer's loss E * sum_e f_e * p_e (1.0 when balanced), on one shard's tokens;
+    counts [E]: the copies of ``idx`` per expert."""
     probs = scores / scores.sum(-1, keepdims=True)
-    if counts is None:
-        counts = jnp.bincount(idx.reshape(-1), length=num_experts)
     frac = counts / idx.size
-    return num_experts * jnp.sum(jax.lax.stop_gradient(frac) * probs.mean(0))
+    return counts.shape[0] * jnp.sum(jax.lax.stop_gradient(frac) * probs.mean(0))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -465,8 +461,7 @@ def moe_block(
         "load": load,
         "dropped": total(dropped) / jnp.sum(load),
         "aux_loss": (
-            total(load_balance_loss(scores, idx, cfg.num_experts, counts))
-            / (total(jnp.ones((), jnp.float32)))
+            total(load_balance_loss(scores, idx, counts)) / (total(jnp.ones((), jnp.float32)))
         ),
     }
     return y.reshape(b, s, d).astype(x.dtype), stats
