@@ -88,6 +88,15 @@ def parse_args(argv=None):
     p.add_argument(
         "--batch-size", type=int, help="global batch in sequences (default: the preset's)"
     )
+    p.add_argument(
+        "--grad-accum",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split each step's batch into N micro-batches whose gradients are summed (in float32) "
+        "before one optimizer update: the batch of N times the memory, and the update's cost "
+        "spread over N times the tokens",
+    )
     p.add_argument("--seq-len", type=int, help="default: the preset's")
     p.add_argument("--lr", type=float, help="peak learning rate (default: the preset's)")
     p.add_argument("--warmup", type=int, help="warm-up steps (default: the preset's)")
@@ -288,22 +297,69 @@ def _with_copies(params, copies):
     return jax.tree.map(lambda p, c: p if c is None else c, params, copies)
 
 
-def make_steps(graphdef, opt, cfg: ModelConfig):
+def make_steps(
+    graphdef, opt, cfg: ModelConfig, grad_accum: int = 1, micro_sharding=None, grad_shardings=None
+):
     """train_step(params, rest, opt_state, tokens, copies) -> (params, rest, opt_state, copies,
     metrics) and eval_step(params, rest, tokens, copies) -> loss; copies: compute_copies(params,
-    cfg.dtype), or None (the forward pass casts the parameters itself)."""
+    cfg.dtype), or None (the forward pass casts the parameters itself).
+
+    With ``grad_accum`` N > 1 both take the batch as N micro-batches (rows i, i + N, i + 2N, ... form
+    micro-batch i, so each device splits its own rows and no token moves), one after the other in a
+    scan: the step sums their gradients in float32 and updates once with the mean, as one step on
+    the whole batch would, up to the order of the float sums and the load-balance loss, which each
+    micro-batch computes on its own tokens. The metrics are the batch's: loss, aux loss and dropped
+    fraction averaged over the micro-batches, the expert loads summed. ``micro_sharding`` places the
+    [N, B/N, ...] micro-batches, ``grad_shardings`` the summed gradients (the parameters'
+    shardings); both optional."""
 
     def loss_fn(params, rest, tokens):
         logits, aux = nnx.merge(graphdef, params, rest)(tokens[:, :-1])
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
         return ce + cfg.moe.aux_loss_coef * aux["aux_loss"], (ce, aux)
 
-    def train_step(params, rest, opt_state, tokens, copies=None):
+    def micro_batches(tokens):
+        """[B, ...] -> [N, B/N, ...]: micro-batch i is rows i, i + N, ..."""
+        b = tokens.shape[0]
+        mb = tokens.reshape(b // grad_accum, grad_accum, *tokens.shape[1:]).swapaxes(0, 1)
+        if micro_sharding is not None:
+            mb = jax.lax.with_sharding_constraint(mb, micro_sharding)
+        return mb
+
+    def grads_on(params, rest, tokens, copies):
         (_, (ce, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             _with_copies(params, copies), rest, tokens
         )
         # (the gradient of a copy is the parameter's: what the cast's transpose would give)
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+        return grads, ce, aux
+
+    def accumulated(params, rest, tokens, copies):
+        """grads_on over the micro-batches: the mean gradient, the batch's metrics."""
+        zeros = jax.tree.map(
+            lambda s: jnp.zeros(s.shape, s.dtype),
+            jax.eval_shape(grads_on, params, rest, tokens[: tokens.shape[0] // grad_accum], copies),
+        )
+        if grad_shardings is not None:
+            zeros = (jax.lax.with_sharding_constraint(zeros[0], grad_shardings), *zeros[1:])
+
+        def body(total, mb):
+            return jax.tree.map(jnp.add, total, grads_on(params, rest, mb, copies)), None
+
+        (grads, ce, aux), _ = jax.lax.scan(body, zeros, micro_batches(tokens))
+        mean = lambda x: x / grad_accum
+        aux = {
+            "aux_loss": mean(aux["aux_loss"]),
+            "dropped": mean(aux["dropped"]),
+            "load": aux["load"],
+        }
+        return jax.tree.map(mean, grads), mean(ce), aux
+
+    def train_step(params, rest, opt_state, tokens, copies=None):
+        if grad_accum == 1:
+            grads, ce, aux = grads_on(params, rest, tokens, copies)
+        else:
+            grads, ce, aux = accumulated(params, rest, tokens, copies)
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         if copies is not None:  # the next step's, fused with the update
@@ -321,7 +377,11 @@ def make_steps(graphdef, opt, cfg: ModelConfig):
         return params, rest, opt_state, copies, metrics
 
     def eval_step(params, rest, tokens, copies=None):
-        return loss_fn(_with_copies(params, copies), rest, tokens)[1][0]
+        params = _with_copies(params, copies)
+        if grad_accum == 1:
+            return loss_fn(params, rest, tokens)[1][0]
+        losses = jax.lax.map(lambda mb: loss_fn(params, rest, mb)[1][0], micro_batches(tokens))
+        return jnp.mean(losses)
 
     return train_step, eval_step
 
@@ -351,8 +411,14 @@ def run(argv=None) -> dict:
     mesh = make_mesh(hp["ep"], a.devices)
     devices = list(mesh.devices.flat)
     n_dev = len(devices)
-    if hp["batch_size"] % n_dev:
-        raise SystemExit(f"--batch-size {hp['batch_size']} is not divisible by the {n_dev} devices")
+    accum = a.grad_accum
+    if accum < 1:
+        raise SystemExit(f"--grad-accum {accum}: expected a positive number of micro-batches")
+    if hp["batch_size"] % (n_dev * accum):
+        raise SystemExit(
+            f"--batch-size {hp['batch_size']} is not divisible by the {n_dev} devices"
+            + (f" times --grad-accum {accum}" if accum > 1 else "")
+        )
     data = TokenData.load(a.data)
     bsz, seq = hp["batch_size"], hp["seq_len"]
     val = []
@@ -377,7 +443,14 @@ def run(argv=None) -> dict:
     state = jax.device_put(state, state_sh)
     batch_sh = NamedSharding(mesh, P((DATA_AXIS, EXPERT_AXIS)))
 
-    train_step, eval_step = make_steps(graphdef, opt, cfg)
+    train_step, eval_step = make_steps(
+        graphdef,
+        opt,
+        cfg,
+        grad_accum=accum,
+        micro_sharding=NamedSharding(mesh, P(None, (DATA_AXIS, EXPERT_AXIS))),
+        grad_shardings=state_sh["params"],
+    )
     sh = (state_sh["params"], state_sh["rest"], state_sh["opt_state"])
     use_copies = a.weight_copies and jnp.dtype(cfg.dtype) != jnp.float32
     copies_sh = None
@@ -446,8 +519,9 @@ def run(argv=None) -> dict:
     print(
         f"{run_name(a)}: {cfg.total_params() / 1e6:.1f}M params "
         f"({cfg.active_params() / 1e6:.1f}M active), "
-        f"{n_dev} x {devices[0].device_kind}, mesh {dict(mesh.shape)}, {bsz}x{seq} tokens/step, "
-        f"MoE {moe_path} -> {out}",
+        f"{n_dev} x {devices[0].device_kind}, mesh {dict(mesh.shape)}, {bsz}x{seq} tokens/step"
+        + (f" in {accum} micro-batches" if accum > 1 else "")
+        + f", MoE {moe_path} -> {out}",
         file=sys.stderr,
     )
 

@@ -140,15 +140,16 @@ def _records(out, kind):
 
 @pytest.mark.skipif(not HAVE_DOCS, reason=f"corpus not installed: {data.APT_HINT}")
 @pytest.mark.parametrize(
-    "fsdp,states",
-    [(False, "float32"), (True, "float32"), (False, "bfloat16")],
-    ids=["ep", "ep+fsdp", "ep+bf16-moments"],
+    "fsdp,states,accum",
+    [(False, "float32", 1), (True, "float32", 1), (False, "bfloat16", 1), (True, "float32", 2)],
+    ids=["ep", "ep+fsdp", "ep+bf16-moments", "ep+fsdp+grad-accum"],
 )
-def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp, states):
+def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp, states, accum):
     """Eight steps of a two-layer tiny model, data- and expert-parallel over four CPU devices with
     the sluice path (with fsdp: expert weights and their optimizer state also split over the data
-    axis; bf16-moments: AdamW's moments kept in bfloat16); then the run is resumed from its step-4
-    checkpoint and must end on the same loss."""
+    axis; bf16-moments: AdamW's moments kept in bfloat16; grad-accum: each step's batch in two
+    micro-batches); then the run is resumed from its step-4 checkpoint and must end on the same
+    loss."""
     from sluice import train
 
     if len(jax.devices()) < 4:
@@ -188,7 +189,7 @@ def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp, states):
     ]
     if fsdp:
         argv.insert(0, "--fsdp")
-    argv[:0] = ["--opt-state-dtype", states]
+    argv[:0] = ["--opt-state-dtype", states, "--grad-accum", str(accum)]
     train.main(argv)
     steps = _records(out, "train")
     assert [r["step"] for r in steps] == list(range(2, 9))
@@ -261,6 +262,47 @@ def test_weight_copies_change_nothing():
     assert float(eval_step(params, rest, tokens, None)) == float(
         eval_step(params, rest, tokens, copies)
     )
+
+
+@pytest.mark.parametrize("impl", ["sluice", "dense"])
+def test_grad_accum_is_one_step_on_the_batch(impl):
+    """A step over N micro-batches updates as one step on the whole batch: the mean gradient, the
+    batch's loss, its summed expert loads, the same validation loss (float sums in another order
+    only; no load-balance loss, which each micro-batch computes on its own tokens, and no drops:
+    the dense path's capacity is per micro-batch, so it is given room for every copy)."""
+    from sluice import train
+
+    moe = dataclasses.replace(TINY.moe, impl=impl, aux_loss_coef=0.0, capacity_factor=8.0)
+    cfg = dataclasses.replace(TINY, moe=moe)
+    graphdef, params, rest = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    opt, _ = train.make_optimizer({"warmup": 2, "steps": 10, "lr": 1e-3})
+    opt_state = opt.init(params)
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, 256, (8, 33)), jnp.int32)
+    outs = {}
+    for n in (1, 2, 4):
+        step, ev = (jax.jit(f) for f in train.make_steps(graphdef, opt, cfg, grad_accum=n))
+        outs[n] = (step(params, rest, opt_state, tokens), ev(params, rest, tokens))
+    (p1, r1, _, _, m1), v1 = outs[1]
+    assert float(m1["dropped"]) == 0.0
+    for n in (2, 4):
+        (pn, rn, _, _, mn), vn = outs[n]
+        for a, b in zip(jax.tree.leaves((p1, r1)), jax.tree.leaves((pn, rn)), strict=True):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-4, atol=2e-6)
+        np.testing.assert_array_equal(np.asarray(mn["load"]), np.asarray(m1["load"]))
+        assert float(mn["loss"]) == pytest.approx(float(m1["loss"]), rel=1e-5)
+        assert float(mn["grad_norm"]) == pytest.approx(float(m1["grad_norm"]), rel=1e-4)
+        assert float(mn["dropped"]) == 0.0
+        assert float(vn) == pytest.approx(float(v1), rel=1e-5)
+
+
+def test_grad_accum_must_divide_each_devices_rows(tmp_path):
+    from sluice import train
+
+    argv = ["--preset", "tiny", "--batch-size", "8", "--devices", "4", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit, match="not divisible by the 4 devices times --grad-accum 3"):
+        train.main(argv + ["--grad-accum", "3"])
+    with pytest.raises(SystemExit, match="--grad-accum 0: expected a positive number"):
+        train.main(argv + ["--grad-accum", "0"])
 
 
 def test_adam_moments_in_bfloat16():
