@@ -48,6 +48,11 @@ class ModelConfig:
     # head_dim a multiple of 8 up to 128), else XLA's; or "xla" / "cudnn"
     # (jax.nn.dot_product_attention's implementations)
     attention: str = "auto"
+    # recompute each block's activations in the backward pass instead of keeping them (jax.checkpoint
+    # around every block: only the blocks' inputs are saved): memory for a second forward pass. A
+    # block over sluice.ep recomputes its attention and its experts' SwiGLU but not the dispatch and
+    # combine (communication, an effect jax.checkpoint cannot replay)
+    remat: bool = False
 
     def active_params(self) -> int:
         """Parameters touched per token, embedding lookup excluded (the output head counted)."""
@@ -146,7 +151,11 @@ class Block(nnx.Module):
         self.is_moe = layer >= cfg.n_dense_layers
         if self.is_moe:
             moe_cfg = dataclasses.replace(
-                cfg.moe, dtype=cfg.dtype, init_std=cfg.init_std, out_init_std=out_std
+                cfg.moe,
+                dtype=cfg.dtype,
+                init_std=cfg.init_std,
+                out_init_std=out_std,
+                remat=cfg.remat,
             )
             self.ffn = MoE(moe_cfg, rngs=rngs, mesh=mesh)
         else:
@@ -159,13 +168,29 @@ class Block(nnx.Module):
                 out_init_std=out_std,
             )
 
-    def __call__(self, x, cos, sin):
+    def replays(self) -> bool:
+        """Whether jax.checkpoint can replay the whole block: not over sluice.ep, whose communication
+        is an effect (the MoE layer then recomputes only its experts, and the block its attention)."""
+        return not (self.is_moe and self.ffn.sluice_dispatch)
+
+    def attend(self, x, cos, sin):
+        return x + self.attn(self.attn_norm(x), cos, sin)
+
+    def __call__(self, x, cos, sin, remat_attention=False):
         """-> (x, the MoE layer's stats or None for a dense layer)."""
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+        x = (_attend_remat if remat_attention else Block.attend)(self, x, cos, sin)
         if self.is_moe:
             h, stats = self.ffn(self.ffn_norm(x))
             return x + h, stats
         return x + self.ffn(self.ffn_norm(x)), None
+
+
+def _block(layer: Block, x, cos, sin):
+    return layer(x, cos, sin)
+
+
+_block_remat = nnx.remat(_block, graph_updates=False)
+_attend_remat = nnx.remat(Block.attend, graph_updates=False)
 
 
 class Transformer(nnx.Module):
@@ -196,7 +221,12 @@ class Transformer(nnx.Module):
             x = emb[tokens]
         stats = []
         for layer in self.layers:
-            x, st = layer(x, cos, sin)
+            if not cfg.remat:
+                x, st = layer(x, cos, sin)
+            elif layer.replays():
+                x, st = _block_remat(layer, x, cos, sin)
+            else:
+                x, st = layer(x, cos, sin, remat_attention=True)
             if st is not None:
                 stats.append(st)
         x = self.norm(x)

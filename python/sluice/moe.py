@@ -74,6 +74,9 @@ class MoEConfig:
     # stats["dropped"] (sluice-train stops on them): a memory bound, not a capacity to tune.
     ep_rows_factor: float | None = None
     fsdp: bool = False  # also split the routed experts' weights over the data axis (along d_model)
+    # the model recomputes its blocks in the backward pass (ModelConfig.remat); over sluice.ep, whose
+    # communication jax.checkpoint cannot replay, the block recomputes only the experts' SwiGLU
+    remat: bool = False
     dtype: Any = jnp.bfloat16  # compute dtype of the experts
     init_std: float = 0.02
     out_init_std: float = 0.02
@@ -363,7 +366,8 @@ def _dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
     # fan_out leaves out the copies past `rows` (the expert block, its activations and residuals
     # are `rows` long); they are counted as dropped
     xs, group_sizes, fan = ep.fan_out(recv, max_rows=rows)
-    ys = _swiglu_grouped(xs, wi, wo, group_sizes, gmm)
+    swiglu = jax.checkpoint(_swiglu_grouped, static_argnums=4) if cfg.remat else _swiglu_grouped
+    ys = swiglu(xs, wi, wo, group_sizes, gmm)
     if rows is None:  # the worst case: nothing can be left out
         dropped = jnp.zeros((), jnp.float32)
     else:

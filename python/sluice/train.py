@@ -124,6 +124,12 @@ def parse_args(argv=None):
     )
     p.add_argument("--n-layers", type=int, help="override the preset's layer count")
     p.add_argument(
+        "--remat",
+        action="store_true",
+        help="recompute each block's activations in the backward pass (jax.checkpoint per block): "
+        "less memory, one more forward pass",
+    )
+    p.add_argument(
         "--attention",
         choices=("auto", "xla", "cudnn"),
         default="auto",
@@ -173,7 +179,7 @@ def build_config(a) -> tuple[ModelConfig, dict]:
         fsdp=a.fsdp,
         ep_rows_factor=a.ep_rows_factor,
     )
-    cfg = dataclasses.replace(cfg, moe=moe, attention=a.attention)
+    cfg = dataclasses.replace(cfg, moe=moe, attention=a.attention, remat=a.remat)
     if a.n_layers:
         cfg = dataclasses.replace(
             cfg, n_layers=a.n_layers, n_dense_layers=min(cfg.n_dense_layers, a.n_layers - 1)

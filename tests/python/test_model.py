@@ -142,14 +142,14 @@ def _records(out, kind):
 @pytest.mark.parametrize(
     "fsdp,states,accum",
     [(False, "float32", 1), (True, "float32", 1), (False, "bfloat16", 1), (True, "float32", 2)],
-    ids=["ep", "ep+fsdp", "ep+bf16-moments", "ep+fsdp+grad-accum"],
+    ids=["ep", "ep+fsdp", "ep+bf16-moments", "ep+fsdp+grad-accum+remat"],
 )
 def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp, states, accum):
     """Eight steps of a two-layer tiny model, data- and expert-parallel over four CPU devices with
     the sluice path (with fsdp: expert weights and their optimizer state also split over the data
-    axis; bf16-moments: AdamW's moments kept in bfloat16; grad-accum: each step's batch in two
-    micro-batches); then the run is resumed from its step-4 checkpoint and must end on the same
-    loss."""
+    axis; bf16-moments: AdamW's moments kept in bfloat16; grad-accum+remat: each step's batch in
+    two micro-batches, every block recomputed in the backward pass); then the run is resumed from
+    its step-4 checkpoint and must end on the same loss."""
     from sluice import train
 
     if len(jax.devices()) < 4:
@@ -190,6 +190,8 @@ def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp, states, accum)
     if fsdp:
         argv.insert(0, "--fsdp")
     argv[:0] = ["--opt-state-dtype", states, "--grad-accum", str(accum)]
+    if accum > 1:
+        argv.insert(0, "--remat")
     train.main(argv)
     steps = _records(out, "train")
     assert [r["step"] for r in steps] == list(range(2, 9))
@@ -303,6 +305,40 @@ def test_grad_accum_must_divide_each_devices_rows(tmp_path):
         train.main(argv + ["--grad-accum", "3"])
     with pytest.raises(SystemExit, match="--grad-accum 0: expected a positive number"):
         train.main(argv + ["--grad-accum", "0"])
+
+
+@pytest.mark.parametrize("ep", [1, 2], ids=["local", "ep2-sluice.ep"])
+def test_remat_recomputes_and_changes_nothing_else(ep):
+    """--remat (jax.checkpoint around every block; over sluice.ep around the attention and the
+    experts' SwiGLU, not the communication): the same step (parameters, loss) from a backward pass
+    that recomputes activations. (What it saves is measured on a GPU: the CPU compiler's temporary
+    footprint of this tiny model says little, once smaller and once larger.)"""
+    from sluice import train
+
+    if len(jax.devices()) < 2 * ep:
+        pytest.skip(f"needs {2 * ep} devices")
+    mesh = train.make_mesh(ep, 2 * ep) if ep > 1 else None
+    tokens = jnp.asarray(np.random.default_rng(2).integers(0, 256, (8, 129)), jnp.int32)
+    outs = []
+    for remat in (False, True):
+        moe = dataclasses.replace(TINY.moe, impl="sluice")
+        cfg = dataclasses.replace(TINY, moe=moe, remat=remat)
+        model = Transformer(cfg, rngs=nnx.Rngs(0), mesh=mesh)
+        assert [layer.replays() for layer in model.layers][1:] == [ep == 1] * 2
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        opt, _ = train.make_optimizer({"warmup": 2, "steps": 10, "lr": 1e-3})
+        opt_state = opt.init(params)
+        step = jax.jit(train.make_steps(graphdef, opt, cfg)[0])
+        jaxpr = str(jax.make_jaxpr(step)(params, rest, opt_state, tokens))
+        # one region a block; over sluice.ep two in each MoE block (attention, experts)
+        # one region a block; over sluice.ep two in each MoE block (attention, experts). (The
+        # differentiated step holds them as jax's remat primitive, "remat2" in jax 0.10.)
+        regions = jaxpr.count("remat") + jaxpr.count("checkpoint[")
+        assert regions == (0 if not remat else 3 if ep == 1 else 5)
+        outs.append(step(params, rest, opt_state, tokens))
+    for a, b in zip(jax.tree.leaves(outs[0][:2]), jax.tree.leaves(outs[1][:2]), strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
+    assert float(outs[1][4]["loss"]) == pytest.approx(float(outs[0][4]["loss"]), rel=1e-6)
 
 
 def test_adam_moments_in_bfloat16():
