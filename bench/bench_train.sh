@@ -9,7 +9,8 @@
 # Environment:
 #   PRESET    tgs: small, convergence: tiny
 #   STEPS     tgs: 30, convergence: 400
-#   IMPLS     tgs: the paths (default 'dense-cf1.25 dense-cf2.0 ragged_dot sluice')
+#   IMPLS     tgs: the paths (default 'dense-cf1.25 dense-cf2.0 ragged_dot sluice'); a path's name
+#             ending in -remat adds --remat (sluice-remat: the sluice path, blocks recomputed)
 #   DROPLESS  convergence: the dropless path, sluice (default) or ragged_dot
 #   SEEDS     convergence: the seeds (default '0 1')
 #   CONTROL   convergence: 1 adds 'nodrop', the dense path with a capacity that drops nothing (the
@@ -60,6 +61,7 @@ tgs)
   for name in ${IMPLS:-dense-cf1.25 dense-cf2.0 ragged_dot sluice}; do
     case $name in
       dense-cf*) run "$name" "${flags[@]}" --moe-impl dense --capacity-factor "${name#dense-cf}" ;;
+      *-remat) run "$name" "${flags[@]}" --moe-impl "${name%-remat}" --remat ;;
       *) run "$name" "${flags[@]}" --moe-impl "$name" ;;
     esac
     cp "$out/$name/profile/summary.txt" "$out/profile-$name.txt" 2>/dev/null || true
