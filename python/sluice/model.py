@@ -50,8 +50,9 @@ class ModelConfig:
     attention: str = "auto"
     # recompute each block's activations in the backward pass instead of keeping them (jax.checkpoint
     # around every block: only the blocks' inputs are saved): memory for a second forward pass. A
-    # block over sluice.ep recomputes its attention and its experts' SwiGLU but not the dispatch and
-    # combine (communication, an effect jax.checkpoint cannot replay)
+    # block over sluice.ep recomputes its attention and its experts' local part (fan-out, SwiGLU,
+    # fan-in) but not the dispatch and combine (communication, an effect jax.checkpoint cannot
+    # replay)
     remat: bool = False
 
     def active_params(self) -> int:

@@ -75,7 +75,8 @@ class MoEConfig:
     ep_rows_factor: float | None = None
     fsdp: bool = False  # also split the routed experts' weights over the data axis (along d_model)
     # the model recomputes its blocks in the backward pass (ModelConfig.remat); over sluice.ep, whose
-    # communication jax.checkpoint cannot replay, the block recomputes only the experts' SwiGLU
+    # communication jax.checkpoint cannot replay, the block recomputes its local part (fan-out, the
+    # experts' SwiGLU, fan-in) and keeps only the received rows
     remat: bool = False
     dtype: Any = jnp.bfloat16  # compute dtype of the experts
     init_std: float = 0.02
@@ -363,16 +364,26 @@ def _dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
     if cfg.ep_rows_factor is not None:
         # balanced mean: every rank sends and receives tokens x k copies (rounded up to 16 rows)
         rows = -(-math.ceil(cfg.ep_rows_factor * x.shape[0] * idx.shape[1]) // 16) * 16
-    # fan_out leaves out the copies past `rows` (the expert block, its activations and residuals
-    # are `rows` long); they are counted as dropped
-    xs, group_sizes, fan = ep.fan_out(recv, max_rows=rows)
-    swiglu = jax.checkpoint(_swiglu_grouped, static_argnums=4) if cfg.remat else _swiglu_grouped
-    ys = swiglu(xs, wi, wo, group_sizes, gmm)
+
+    def experts(rx, ri, rw, wi, wo):
+        # fan_out leaves out the copies past `rows` (the expert block, its activations and
+        # residuals are `rows` long); they are counted as dropped
+        xs, group_sizes, fan = ep.fan_out(
+            recv._replace(x=rx, topk_idx=ri, topk_weights=rw), max_rows=rows
+        )
+        return ep.fan_in(_swiglu_grouped(xs, wi, wo, group_sizes, gmm), fan), group_sizes
+
+    # Under remat the whole local part (fan-out, the experts, fan-in: no communication) is one
+    # recomputed region: it keeps only the received rows [T*R, H] for the backward pass instead of
+    # the expert block's input and output (max_rows rows each: up to min(k, E/R) times as many).
+    y, group_sizes = (jax.checkpoint(experts) if cfg.remat else experts)(
+        recv.x, recv.topk_idx, recv.topk_weights, wi, wo
+    )
     if rows is None:  # the worst case: nothing can be left out
         dropped = jnp.zeros((), jnp.float32)
     else:
         dropped = (jnp.sum(recv.topk_idx >= 0) - jnp.sum(group_sizes)).astype(jnp.float32)
-    return ep.combine(ep.fan_in(ys, fan), recv.handle).astype(jnp.float32), dropped
+    return ep.combine(y, recv.handle).astype(jnp.float32), dropped
 
 
 _EP_READY: set = set()

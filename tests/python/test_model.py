@@ -310,7 +310,7 @@ def test_grad_accum_must_divide_each_devices_rows(tmp_path):
 @pytest.mark.parametrize("ep", [1, 2], ids=["local", "ep2-sluice.ep"])
 def test_remat_recomputes_and_changes_nothing_else(ep):
     """--remat (jax.checkpoint around every block; over sluice.ep around the attention and the
-    experts' SwiGLU, not the communication): the same step (parameters, loss) from a backward pass
+    experts' local part (fan-out, SwiGLU, fan-in), not the communication): the same step (parameters, loss) from a backward pass
     that recomputes activations. (What it saves is measured on a GPU: the CPU compiler's temporary
     footprint of this tiny model says little, once smaller and once larger.)"""
     from sluice import train
@@ -330,7 +330,6 @@ def test_remat_recomputes_and_changes_nothing_else(ep):
         opt_state = opt.init(params)
         step = jax.jit(train.make_steps(graphdef, opt, cfg)[0])
         jaxpr = str(jax.make_jaxpr(step)(params, rest, opt_state, tokens))
-        # one region a block; over sluice.ep two in each MoE block (attention, experts)
         # one region a block; over sluice.ep two in each MoE block (attention, experts). (The
         # differentiated step holds them as jax's remat primitive, "remat2" in jax 0.10.)
         regions = jaxpr.count("remat") + jaxpr.count("checkpoint[")
