@@ -438,15 +438,22 @@ def run(argv=None) -> dict:
             )
         val = data.val_batches(min(a.eval_batches, max(fit, 1)), bsz, seq)
 
-    model = Transformer(cfg, rngs=nnx.Rngs(a.seed), mesh=mesh)
-    moe_path = model.moe_layers()[0].describe() if model.moe_layers() else "no MoE layer"
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    del model
     opt, schedule = make_optimizer(hp)
-    opt_state = opt.init(params)
-    state = {"params": params, "rest": rest, "opt_state": opt_state}
-    state_sh = shardings_for(state, mesh, cfg.moe)
-    state = jax.device_put(state, state_sh)
+
+    def init_state():
+        model = Transformer(cfg, rngs=nnx.Rngs(a.seed), mesh=mesh)
+        _, params, rest = nnx.split(model, nnx.Param, ...)
+        return {"params": params, "rest": rest, "opt_state": opt.init(params)}
+
+    # The model is built abstractly for its structure, then initialised by one jit straight into its
+    # shardings: no device holds the whole model and its optimizer state (an eager init put them all
+    # on the first device, where they stayed for the run).
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(a.seed), mesh=mesh))
+    moe_path = model.moe_layers()[0].describe() if model.moe_layers() else "no MoE layer"
+    graphdef = nnx.split(model, nnx.Param, ...)[0]
+    del model
+    state_sh = shardings_for(jax.eval_shape(init_state), mesh, cfg.moe)
+    state = jax.jit(init_state, out_shardings=state_sh)()
     batch_sh = NamedSharding(mesh, P((DATA_AXIS, EXPERT_AXIS)))
 
     train_step, eval_step = make_steps(
@@ -462,7 +469,7 @@ def run(argv=None) -> dict:
     copies_sh = None
     if use_copies:  # the copies split as their parameters are
         copies_sh = shardings_for(
-            jax.eval_shape(lambda p: compute_copies(p, cfg.dtype), params), mesh, cfg.moe
+            jax.eval_shape(lambda p: compute_copies(p, cfg.dtype), state["params"]), mesh, cfg.moe
         )
         make_copies = jax.jit(
             lambda p: compute_copies(p, cfg.dtype),
