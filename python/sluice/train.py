@@ -402,6 +402,24 @@ def load_stats(load: np.ndarray) -> dict:
     }
 
 
+def init_state(cfg: ModelConfig, opt, mesh: Mesh, seed: int):
+    """The model's and optimizer's initial state, made by one jit straight into its shardings (the
+    routed experts' over the mesh, shardings_for): no device holds the whole model or its moments at
+    any time (an eager init would put them all on the first device). Returns (graphdef, state
+    {"params", "rest", "opt_state"}, its shardings, the MoE path's description)."""
+
+    def init():
+        model = Transformer(cfg, rngs=nnx.Rngs(seed), mesh=mesh)
+        _, params, rest = nnx.split(model, nnx.Param, ...)
+        return {"params": params, "rest": rest, "opt_state": opt.init(params)}
+
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(seed), mesh=mesh))
+    moe_path = model.moe_layers()[0].describe() if model.moe_layers() else "no MoE layer"
+    graphdef = nnx.split(model, nnx.Param, ...)[0]
+    state_sh = shardings_for(jax.eval_shape(init), mesh, cfg.moe)
+    return graphdef, jax.jit(init, out_shardings=state_sh)(), state_sh, moe_path
+
+
 def main(argv=None) -> int:
     """The `sluice-train` console script: trains, prints a summary line, exits 0."""
     run(argv)
@@ -439,21 +457,7 @@ def run(argv=None) -> dict:
         val = data.val_batches(min(a.eval_batches, max(fit, 1)), bsz, seq)
 
     opt, schedule = make_optimizer(hp)
-
-    def init_state():
-        model = Transformer(cfg, rngs=nnx.Rngs(a.seed), mesh=mesh)
-        _, params, rest = nnx.split(model, nnx.Param, ...)
-        return {"params": params, "rest": rest, "opt_state": opt.init(params)}
-
-    # The model is built abstractly for its structure, then initialised by one jit straight into its
-    # shardings: no device holds the whole model and its optimizer state (an eager init put them all
-    # on the first device, where they stayed for the run).
-    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(a.seed), mesh=mesh))
-    moe_path = model.moe_layers()[0].describe() if model.moe_layers() else "no MoE layer"
-    graphdef = nnx.split(model, nnx.Param, ...)[0]
-    del model
-    state_sh = shardings_for(jax.eval_shape(init_state), mesh, cfg.moe)
-    state = jax.jit(init_state, out_shardings=state_sh)()
+    graphdef, state, state_sh, moe_path = init_state(cfg, opt, mesh, a.seed)
     batch_sh = NamedSharding(mesh, P((DATA_AXIS, EXPERT_AXIS)))
 
     train_step, eval_step = make_steps(

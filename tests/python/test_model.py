@@ -340,6 +340,33 @@ def test_remat_recomputes_and_changes_nothing_else(ep):
     assert float(outs[1][4]["loss"]) == pytest.approx(float(outs[0][4]["loss"]), rel=1e-6)
 
 
+def test_init_state_is_made_in_its_shardings():
+    """train.init_state makes the state by one jit straight into its shardings: the routed experts'
+    weights and their AdamW moments split over the expert axis, no other array left alive beside
+    the state's own, and the same values as on one device (the init does not depend on the mesh)."""
+    from sluice import train
+
+    if len(jax.devices()) < 4:
+        pytest.skip("needs 4 devices")
+    cfg = dataclasses.replace(TINY, moe=dataclasses.replace(TINY.moe, impl="sluice"))
+    opt, _ = train.make_optimizer({"warmup": 2, "steps": 10, "lr": 1e-3})
+    before = {id(x) for x in jax.live_arrays()}
+    _, state, state_sh, _ = train.init_state(cfg, opt, train.make_mesh(2, 4), seed=3)
+    leaves = jax.tree.leaves(state)
+    assert {id(x) for x in jax.live_arrays()} - before <= {id(x) for x in leaves}
+    e = cfg.moe.num_experts
+    split = 0
+    for (path, x), s in zip(jax.tree_util.tree_leaves_with_path(state), jax.tree.leaves(state_sh)):
+        assert x.sharding.is_equivalent_to(s, x.ndim), jax.tree_util.keystr(path)
+        if train._is_expert_weight(path, x):
+            assert x.shape[0] == e and {sh.data.shape[0] for sh in x.addressable_shards} == {e // 2}
+            split += 1
+    assert split == 3 * 2 * (cfg.n_layers - cfg.n_dense_layers)  # wi, wo; param, mu, nu
+    _, one, _, _ = train.init_state(cfg, opt, train.make_mesh(1, 1), seed=3)
+    for a, b in zip(leaves, jax.tree.leaves(one), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_adam_moments_in_bfloat16():
     """scale_by_adam_in: in float32 it is optax.scale_by_adam; in bfloat16 the moments are stored
     rounded and the updates stay within bf16's rounding of optax's."""
