@@ -6,7 +6,7 @@
 #
 #   OUT=/tmp/mem bash bench/mem_report.sh "--preset dsv3-proxy-ep2 --ep 2 --moe-impl sluice" \
 #       "--preset dsv3-proxy-ep2 --ep 2 --moe-impl sluice --remat"
-#   TOP=40 (values listed per allocation), DATA=corpus.npz (sluice-train --data)
+#   TOP=40 (slices listed, default 25), DATA=corpus.npz (sluice-train --data)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1

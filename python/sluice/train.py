@@ -415,8 +415,9 @@ def init_state(cfg: ModelConfig, opt, mesh: Mesh, seed: int):
 
     model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(seed), mesh=mesh))
     moe_path = model.moe_layers()[0].describe() if model.moe_layers() else "no MoE layer"
-    graphdef = nnx.split(model, nnx.Param, ...)[0]
-    state_sh = shardings_for(jax.eval_shape(init), mesh, cfg.moe)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    abstract = {"params": params, "rest": rest, "opt_state": jax.eval_shape(opt.init, params)}
+    state_sh = shardings_for(abstract, mesh, cfg.moe)
     return graphdef, jax.jit(init, out_shardings=state_sh)(), state_sh, moe_path
 
 

@@ -310,8 +310,8 @@ def test_grad_accum_must_divide_each_devices_rows(tmp_path):
 @pytest.mark.parametrize("ep", [1, 2], ids=["local", "ep2-sluice.ep"])
 def test_remat_recomputes_and_changes_nothing_else(ep):
     """--remat (jax.checkpoint around every block; over sluice.ep around the attention and the
-    experts' local part (fan-out, SwiGLU, fan-in), not the communication): the same step (parameters, loss) from a backward pass
-    that recomputes activations. (What it saves is measured on a GPU: the CPU compiler's temporary
+    experts' local part (fan-out, SwiGLU, fan-in), not the communication): the same step
+    (parameters, loss) from a backward pass that recomputes activations. (What it saves is measured on a GPU: the CPU compiler's temporary
     footprint of this tiny model says little, once smaller and once larger.)"""
     from sluice import train
 
