@@ -2,7 +2,9 @@
 # Where a training step's device memory goes, by XLA's own buffer assignment. For each set of
 # sluice-train flags given (one quoted argument each), trains 2 steps with the compiled train step's
 # HLO dumped, then prints the peak device memory the run measured and, from XLA's memory-usage
-# report of jit_train_step, its total and the largest slices of its temporary allocation (shapes).
+# report of jit_train_step, its total and the largest slices of its temporary allocation (shapes),
+# then what is live at once at the step's peak, by value and by the JAX operation that made it
+# (bench/hlo_peak.py: the report lists slices by offset, which values share across time).
 #
 #   OUT=/tmp/mem bash bench/mem_report.sh "--preset dsv3-proxy-ep2 --ep 2 --moe-impl sluice" \
 #       "--preset dsv3-proxy-ep2 --ep 2 --moe-impl sluice --remat"
@@ -30,4 +32,5 @@ for flags in "$@"; do
   # size, offset, values sharing the slice, their shapes
   awk -v top="${TOP:-25}" '/^Total bytes/ {print; next} /cumulative_size/ {s++; if (s > 1) exit; print; next}
     /^ *-+$/ {next} s == 1 && NF && n < top {print substr($0, 1, 300); n++}' "$report"
+  python3 bench/hlo_peak.py "$dump" --top "${TOP:-25}" | cut -c1-250
 done

@@ -127,6 +127,14 @@ def _gmm_bwd(transpose_rhs, out_dtype, res, dout):
         drhs = _tgmm_call(dout, lhs, group_sizes, group_offset, g_local, rhs.dtype)
     else:
         drhs = _tgmm_call(lhs, dout, group_sizes, group_offset, g_local, rhs.dtype)
+    # The weight gradient is off the backward pass's critical path, and XLA:GPU's scheduler, far
+    # from its memory limit, ran every layer's late (just before the optimizer's update), keeping
+    # each layer's lhs and dout alive until then: with --remat at EP 2 the step took 34.5 GiB
+    # instead of 18.3 (bench/results/memory-h100x2-20261126/). The barrier makes it run before
+    # d lhs is used. Its outputs vary over the union of its inputs' mesh axes; match_vma below
+    # then sums only over axes the primal lacks, and the union adds none such: an axis in dlhs's
+    # and not drhs's comes from rhs (drhs keeps it), one in drhs's and not dlhs's from lhs.
+    dlhs, drhs = jax.lax.optimization_barrier((dlhs, drhs))
     return match_vma(dlhs, lhs), match_vma(drhs, rhs), None, None
 
 
