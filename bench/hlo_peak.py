@@ -147,10 +147,12 @@ def main(argv=None):
     hlo = [p for p in glob.glob(f"{a.dump}/*{a.module}*after_optimizations.txt")]
     ba = [p for p in glob.glob(f"{a.dump}/*{a.module}*after_optimizations-buffer-assignment.txt")]
     if not hlo or not ba:
-        raise SystemExit(f"hlo_peak: no optimised HLO or buffer assignment of *{a.module}* in {a.dump}")
-    comps, entry = parse_hlo(sorted(hlo)[0])
+        raise SystemExit(
+            f"hlo_peak: no optimised HLO or buffer assignment of *{a.module}* in {a.dump}"
+        )
+    comps, entry = parse_hlo(min(hlo))
     live, op_name = live_ranges(comps, entry)
-    values = temp_values(sorted(ba)[0])
+    values = temp_values(min(ba))
     known = [(name, size, shape, live(name, k)) for name, k, size, _, shape in values]
     known = [v for v in known if v[3] is not None]
     n = len(comps[entry])
@@ -165,9 +167,9 @@ def main(argv=None):
             peak, at = running, i
     total = sum(v[2] for v in values)
     where = comps[entry][at][0] if at < n else "end"
-    print(f"{sorted(hlo)[0]}")
+    print(f"{min(hlo)}")
     print(
-        f"temp allocation {total / 2**30:.2f} GiB ({len(values)} values, {len(values) - len(known)} "
+        f"temporary values {total / 2**30:.2f} GiB summed ({len(values)}, {len(values) - len(known)} "
         f"not placed); live at once at most {peak / 2**30:.2f} GiB, at step {at} of {n}: "
         f"{where} ({short(op_name.get(where, ''))})"
     )
@@ -184,7 +186,9 @@ def main(argv=None):
         print(f"  {size / 2**30:8.3f}  {tag:8s}  {shape}")
     print(f"\nthe {a.top} largest values live at the peak (size GiB, def..last use, op_name):")
     for size, name, shape, (d, l) in here[: a.top]:
-        print(f"  {size / 2**30:7.3f}  {d:6d}..{l:<6d} {shape.split('{')[0]:24s} {name}: {short(op_name.get(name, ''))}")
+        print(
+            f"  {size / 2**30:7.3f}  {d:6d}..{l:<6d} {shape.split('{')[0]:24s} {name}: {short(op_name.get(name, ''))}"
+        )
     return 0
 
 
