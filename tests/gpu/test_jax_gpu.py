@@ -1,6 +1,7 @@
 """sluice.gmm / sluice.tgmm through JAX on a GPU: the CUDA FFI handlers under jit (XLA may capture
 them into CUDA graphs: they declare themselves command-buffer compatible), grad, vmap, and clamping of
-wrong device-side group sizes; sluice.ep's local fan ops and their VJP; the model's attention. Run on a GPU machine:  PYTHONPATH=python python3 -m pytest tests/gpu"""
+wrong device-side group sizes; sluice.ep's local fan ops and their VJP; the model's attention; the MoE
+layer's sluice path (one GPU and expert-parallel over every GPU) against ragged_dot. Run on a GPU machine:  PYTHONPATH=python python3 -m pytest tests/gpu"""
 
 import jax
 import jax.numpy as jnp
@@ -185,3 +186,71 @@ def test_model_cudnn_attention_matches_xla_gpu():
     assert rel_err(np.asarray(logits, np.float32), np.asarray(ref_logits, np.float32)) < 2e-2
     for g, r in zip(grads, ref_grads):
         assert rel_err(np.asarray(g, np.float32), np.asarray(r, np.float32)) < 5e-2
+
+
+def _moe_layer_grads(impl, over_all_gpus, **kw):
+    """A bf16 MoE layer with DeepSeek-V3 routing on one GPU or expert-parallel over every GPU:
+    its output and every gradient (parameters, then input) of a fixed projection of it, as
+    {name: array}. The same weights, input and projection whatever impl, mesh or options."""
+    import dataclasses
+
+    from flax import nnx
+    from jax.sharding import Mesh
+    from sluice.moe import MoE, MoEConfig
+
+    n = len(jax.devices())
+    if over_all_gpus and n < 2:
+        pytest.skip("needs 2 GPUs")
+    cfg = MoEConfig(
+        d_model=256, d_ff=128, num_experts=16, top_k=4, num_shared_experts=1, router="sigmoid",
+        num_groups=4, topk_groups=2, routed_scaling=2.5, dtype=jnp.bfloat16, impl=impl,
+    )  # fmt: skip
+    mesh = None
+    if over_all_gpus:
+        mesh = Mesh(np.array(jax.devices()).reshape(1, n), ("data", "expert"))
+    rng = np.random.default_rng(7)
+    x = jnp.asarray(rng.standard_normal((2 * n, 512, cfg.d_model)), jnp.bfloat16)
+    probe = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
+    layer = MoE(dataclasses.replace(cfg, **kw), rngs=nnx.Rngs(0), mesh=mesh)
+    graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+
+    def f(p, x):
+        y, _ = nnx.merge(graphdef, p, rest)(x)
+        return jnp.sum(y.astype(jnp.float32) * probe), y
+
+    (_, y), grads = jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(params, x)
+    out = {"y": y}
+    out.update({jax.tree_util.keystr(p): g for p, g in jax.tree_util.tree_leaves_with_path(grads)})
+    return out
+
+
+def _moe_errors(got, ref):
+    return {k: rel_err(np.asarray(got[k], np.float32), np.asarray(ref[k], np.float32)) for k in ref}
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["keep-expert-outputs", "no-keep"])
+@pytest.mark.parametrize("over_all_gpus", [False, True], ids=["one-gpu", "ep-all-gpus"])
+def test_moe_sluice_matches_ragged_dot_gpu(over_all_gpus, keep):
+    """The MoE layer's sluice path (sluice.gmm and the fan ops; over every GPU also sluice.ep; with
+    keep_expert_outputs=False the down projection and fan-in whose backward keeps no expert outputs)
+    against the ragged_dot path on one GPU: output and every gradient (router weights included)."""
+    pytest.importorskip("flax")
+    ref = _moe_layer_grads("ragged_dot", False)
+    errs = _moe_errors(_moe_layer_grads("sluice", over_all_gpus, keep_expert_outputs=keep), ref)
+    assert max(errs.values()) < 2e-2, errs
+
+
+@pytest.mark.xfail(
+    reason="jax 0.11.2 on GPUs: the gradients through jax.lax.ragged_all_to_all come out wrong "
+    "(expert weights and input off by ~100%, the forward exact; 2026-11-26 on 2x H100, "
+    "bench/results/ragged-a2a-grad-h100x2-20261126.md); correct on the CPU, where the layer "
+    "emulates it",
+    strict=False,
+)
+def test_moe_ragged_all_to_all_gradients_gpu():
+    """The ragged_dot path expert-parallel over every GPU (jax.lax.ragged_all_to_all) against the
+    same on one GPU."""
+    pytest.importorskip("flax")
+    ref = _moe_layer_grads("ragged_dot", False)
+    errs = _moe_errors(_moe_layer_grads("ragged_dot", True), ref)
+    assert max(errs.values()) < 2e-2, errs
