@@ -458,6 +458,19 @@ def _dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
 
 
 _EP_READY: set = set()
+_RAGGED_A2A_WARNED: list = []  # MoE's warning on _ragged_a2a_on_gpu is given once per process
+
+
+def _ragged_a2a_on_gpu(cfg: MoEConfig, mesh, expert_axis, sluice_dispatch: bool) -> bool:
+    """Whether the layer's experts exchange tokens with jax.lax.ragged_all_to_all on GPUs, whose
+    gradients came out wrong with jax 0.11.2 (bench/results/ragged-a2a-grad-h100x2-20261126.md)."""
+    return (
+        mesh is not None
+        and mesh.shape[expert_axis] > 1
+        and cfg.impl in ("ragged_dot", "sluice")
+        and not sluice_dispatch
+        and mesh.devices.flat[0].platform == "gpu"
+    )
 
 
 def _setup_sluice_ep(cfg: MoEConfig, mesh, axis_name) -> bool:
@@ -653,6 +666,18 @@ class MoE(nnx.Module):
             and mesh.shape[expert_axis] > 1
             and _setup_sluice_ep(cfg, mesh, expert_axis)
         )
+        if (
+            _ragged_a2a_on_gpu(cfg, mesh, expert_axis, self.sluice_dispatch)
+            and not _RAGGED_A2A_WARNED
+        ):
+            _RAGGED_A2A_WARNED.append(True)
+            warnings.warn(
+                "sluice MoE: expert parallelism over jax.lax.ragged_all_to_all on GPUs: its "
+                "gradients came out wrong with jax 0.11.2 (the forward is exact; "
+                "bench/results/ragged-a2a-grad-h100x2-20261126.md); impl='sluice' over sluice.ep "
+                "is not affected",
+                stacklevel=2,
+            )
 
     def __call__(self, x):
         cfg = self.cfg

@@ -279,3 +279,24 @@ def test_ep_rows_bound_is_exact_within_it_and_counts_what_it_drops():
     assert np.isfinite(np.asarray(y)).all()
     with pytest.raises(ValueError, match="ep_rows_factor"):
         dataclasses.replace(base, ep_rows_factor=0.0)
+
+
+def test_ragged_all_to_all_on_gpus_is_flagged():
+    """The layer warns where its experts would exchange tokens over jax.lax.ragged_all_to_all on
+    GPUs (wrong gradients with jax 0.11.2): ragged_dot, or sluice without sluice.ep, at EP > 1."""
+    import types
+
+    def mesh(platform, ep):
+        dev = types.SimpleNamespace(platform=platform)
+        return types.SimpleNamespace(shape={"expert": ep}, devices=np.array([dev]))
+
+    rd, sl, dense = (
+        dataclasses.replace(SOFTMAX, impl=i) for i in ("ragged_dot", "sluice", "dense")
+    )
+    assert moe._ragged_a2a_on_gpu(rd, mesh("gpu", 2), "expert", False)
+    assert moe._ragged_a2a_on_gpu(sl, mesh("gpu", 2), "expert", False)
+    assert not moe._ragged_a2a_on_gpu(sl, mesh("gpu", 2), "expert", True)  # over sluice.ep
+    assert not moe._ragged_a2a_on_gpu(dense, mesh("gpu", 2), "expert", False)
+    assert not moe._ragged_a2a_on_gpu(rd, mesh("gpu", 1), "expert", False)
+    assert not moe._ragged_a2a_on_gpu(rd, mesh("cpu", 2), "expert", False)  # emulated there
+    assert not moe._ragged_a2a_on_gpu(rd, None, "expert", False)
