@@ -3,8 +3,8 @@ operation that made it.
 
     python3 bench/hlo_peak.py DUMP_DIR [--module train_step] [--top 30]
 
-DUMP_DIR is an --xla_dump_to folder (bench/mem_report.sh makes one). The module's optimised HLO gives
-the schedule (the entry computation's order) and each instruction's op_name; its buffer assignment
+DUMP_DIR is an --xla_dump_to folder (bench/mem_report.sh makes one). The module's optimised HLO
+gives the schedule (the entry computation's order) and each instruction's op_name; its buffer assignment
 gives the values of the temporary allocation and their sizes. A value is live from the instruction
 that defines it to its last use (through get-tuple-element, bitcast and tuple aliases; a value made
 inside a called computation, e.g. a command buffer, lives at its call, and past it if it is the
@@ -30,7 +30,6 @@ _CALLS = re.compile(
 )
 _OPNAME = re.compile(r'op_name="([^"]*)"')
 _VALUE = re.compile(r"value: <\d+ ([\w.\-]+)(\{[\d,]*\})? @\d+> \(size=(\d+),offset=(\d+)\): (\S+)")
-_ALIAS_OPS = ("get-tuple-element(", "bitcast(", "tuple(")
 
 
 def parse_hlo(path):
@@ -144,8 +143,8 @@ def main(argv=None):
     ap.add_argument("--module", default="train_step")
     ap.add_argument("--top", type=int, default=30)
     a = ap.parse_args(argv)
-    hlo = [p for p in glob.glob(f"{a.dump}/*{a.module}*after_optimizations.txt")]
-    ba = [p for p in glob.glob(f"{a.dump}/*{a.module}*after_optimizations-buffer-assignment.txt")]
+    hlo = glob.glob(f"{a.dump}/*{a.module}*after_optimizations.txt")
+    ba = glob.glob(f"{a.dump}/*{a.module}*after_optimizations-buffer-assignment.txt")
     if not hlo or not ba:
         raise SystemExit(
             f"hlo_peak: no optimised HLO or buffer assignment of *{a.module}* in {a.dump}"

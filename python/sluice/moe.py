@@ -183,7 +183,8 @@ def _sluice_gmm(lhs, rhs, group_sizes):
 
 
 def _swiglu_act(xs, wi, group_sizes, gmm):
-    """xs sorted by expert, wi [E,D,2F] -> the SwiGLU activation [M,F] (before the down projection)."""
+    """xs sorted by expert, wi [E,D,2F] -> the SwiGLU activation [M,F], before the down
+    projection."""
     h = gmm(xs, wi, group_sizes)
     gate, up = jnp.split(h, 2, axis=-1)
     return (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(xs.dtype)
@@ -233,12 +234,11 @@ def _down_fan_in_bwd(l, max_rows, gmm, out_dtype, res, dout):
     # each row r of ys came from one (token i, slot j): its token and router weight, by row
     flat = pos.reshape(-1)
     to = jnp.where(flat >= 0, flat, m)  # m: out of bounds, dropped
-    row_tok = (
-        jnp.zeros(m, jnp.int32).at[to].set(jnp.arange(n * k, dtype=jnp.int32) // k, mode="drop")
-    )
+    tok = jnp.arange(n * k, dtype=jnp.int32) // k
+    row_tok = jnp.full(m, -1, jnp.int32).at[to].set(tok, mode="drop")  # -1: no token
     row_w = jnp.zeros(m, jnp.float32).at[to].set(w.reshape(-1).astype(jnp.float32), mode="drop")
-    row_hit = jnp.zeros(m, jnp.bool_).at[to].set(True, mode="drop")
-    dys = jnp.where(row_hit[:, None], dout.astype(act.dtype)[row_tok], 0)  # d out, unweighted
+    d_rows = dout.astype(act.dtype)[jnp.maximum(row_tok, 0)]
+    dys = jnp.where(row_tok[:, None] >= 0, d_rows, 0)  # d out, unweighted
     # one vjp of the down projection at (weighted act, wo): d act (unweighted) = dys @ wo^T, and
     # d wo = (row_w * act)^T @ dys, the same as (act)^T @ (row_w * dys)
     act_w = (act.astype(jnp.float32) * row_w[:, None]).astype(act.dtype)
@@ -458,7 +458,6 @@ def _dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
 
 
 _EP_READY: set = set()
-_RAGGED_A2A_WARNED: list = []  # MoE's warning on _ragged_a2a_on_gpu is given once per process
 
 
 def _ragged_a2a_on_gpu(cfg: MoEConfig, mesh, expert_axis, sluice_dispatch: bool) -> bool:
@@ -666,12 +665,8 @@ class MoE(nnx.Module):
             and mesh.shape[expert_axis] > 1
             and _setup_sluice_ep(cfg, mesh, expert_axis)
         )
-        if (
-            _ragged_a2a_on_gpu(cfg, mesh, expert_axis, self.sluice_dispatch)
-            and not _RAGGED_A2A_WARNED
-        ):
-            _RAGGED_A2A_WARNED.append(True)
-            warnings.warn(
+        if _ragged_a2a_on_gpu(cfg, mesh, expert_axis, self.sluice_dispatch):
+            warnings.warn(  # (the default filter shows it once per place it is raised from)
                 "sluice MoE: expert parallelism over jax.lax.ragged_all_to_all on GPUs: its "
                 "gradients came out wrong with jax 0.11.2 (the forward is exact; "
                 "bench/results/ragged-a2a-grad-h100x2-20261126.md); impl='sluice' over sluice.ep "

@@ -148,9 +148,9 @@ def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp, states, accum)
     """Eight steps of a two-layer tiny model, data- and expert-parallel over four CPU devices with
     the sluice path (with fsdp: expert weights and their optimizer state also split over the data
     axis; bf16-moments: AdamW's moments kept in bfloat16, and the MoE backward keeping no expert
-    outputs (the router weights' gradient from the activations); grad-accum+remat: each step's batch in
-    two micro-batches, every block recomputed in the backward pass); then the run is resumed from
-    its step-4 checkpoint and must end on the same loss."""
+    outputs (the router weights' gradient from the activations); grad-accum+remat: each step's
+    batch in two micro-batches, every block recomputed in the backward pass); then the run is
+    resumed from its step-4 checkpoint and must end on the same loss."""
     from sluice import train
 
     if len(jax.devices()) < 4:
@@ -314,8 +314,9 @@ def test_grad_accum_must_divide_each_devices_rows(tmp_path):
 def test_remat_recomputes_and_changes_nothing_else(ep):
     """--remat (jax.checkpoint around every block; over sluice.ep around the attention and the
     experts' local part (fan-out, SwiGLU, fan-in), not the communication): the same step
-    (parameters, loss) from a backward pass that recomputes activations. (What it saves is measured on a GPU: the CPU compiler's temporary
-    footprint of this tiny model says little, once smaller and once larger.)"""
+    (parameters, loss) from a backward pass that recomputes activations. (What it saves is measured
+    on a GPU: the CPU compiler's temporary footprint of this tiny model says little, once smaller
+    and once larger.)"""
     from sluice import train
 
     if len(jax.devices()) < 2 * ep:
