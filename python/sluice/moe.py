@@ -358,6 +358,17 @@ def _padded_all_to_all(
     return output.at[dst.reshape(-1)].set(chunks.reshape(r * block, -1), mode="drop")
 
 
+def _a2a_buffer(like, rows):
+    """ragged_all_to_all's zero output buffer, [rows, ...] and varying over the manual mesh axes
+    `like` (the rows sent) varies over. The op types its result like this buffer alone (jax 0.10,
+    0.11): from a plain jnp.zeros the received rows came out typed invariant across the ranks, and
+    autodiff then summed their cotangents over the ranks, wrong gradients for the expert weights and
+    the input on GPUs (bench/results/ragged-a2a-grad-h100x2-20261126.md)."""
+    from ._vma import match_vma
+
+    return match_vma(jnp.zeros((rows,) + like.shape[1:], like.dtype), like)
+
+
 def _dropless_ragged_a2a(cfg, x, idx, weights, wi, wo, gmm, ep_axis, emulate_a2a=False):
     """Expert parallelism the MaxText way: one row per (token, expert) crosses with
     ragged_all_to_all into a worst-case buffer, the receiver sorts its rows by local expert, and the
@@ -382,7 +393,7 @@ def _dropless_ragged_a2a(cfg, x, idx, weights, wi, wo, gmm, ep_axis, emulate_a2a
     a2a = partial(_padded_all_to_all, block=block) if emulate_a2a else jax.lax.ragged_all_to_all
     recv = a2a(
         xs,
-        jnp.zeros((cap, d), xs.dtype),
+        _a2a_buffer(xs, cap),
         input_offsets,
         send_sizes,
         output_offsets,
@@ -403,7 +414,7 @@ def _dropless_ragged_a2a(cfg, x, idx, weights, wi, wo, gmm, ep_axis, emulate_a2a
     back_offsets = _exclusive_cumsum(to_rank, axis=1)[:, me]  # where each source's rows started
     back = a2a(
         y_recv,
-        jnp.zeros((t * k, d), y_recv.dtype),
+        _a2a_buffer(y_recv, t * k),
         recv_offsets,
         recv_sizes,
         back_offsets,
@@ -458,18 +469,6 @@ def _dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
 
 
 _EP_READY: set = set()
-
-
-def _ragged_a2a_on_gpu(cfg: MoEConfig, mesh, expert_axis, sluice_dispatch: bool) -> bool:
-    """Whether the layer's experts exchange tokens with jax.lax.ragged_all_to_all on GPUs, whose
-    gradients came out wrong with jax 0.11.2 (bench/results/ragged-a2a-grad-h100x2-20261126.md)."""
-    return (
-        mesh is not None
-        and mesh.shape[expert_axis] > 1
-        and cfg.impl in ("ragged_dot", "sluice")
-        and not sluice_dispatch
-        and mesh.devices.flat[0].platform == "gpu"
-    )
 
 
 def _setup_sluice_ep(cfg: MoEConfig, mesh, axis_name) -> bool:
@@ -665,14 +664,6 @@ class MoE(nnx.Module):
             and mesh.shape[expert_axis] > 1
             and _setup_sluice_ep(cfg, mesh, expert_axis)
         )
-        if _ragged_a2a_on_gpu(cfg, mesh, expert_axis, self.sluice_dispatch):
-            warnings.warn(  # (the default filter shows it once per place it is raised from)
-                "sluice MoE: expert parallelism over jax.lax.ragged_all_to_all on GPUs: its "
-                "gradients came out wrong with jax 0.11.2 (the forward is exact; "
-                "bench/results/ragged-a2a-grad-h100x2-20261126.md); impl='sluice' over sluice.ep "
-                "is not affected",
-                stacklevel=2,
-            )
 
     def __call__(self, x):
         cfg = self.cfg
