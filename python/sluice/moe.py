@@ -77,7 +77,7 @@ class MoEConfig:
     # sluice only: the backward keeps the experts' outputs [M, D] for the router weights' gradient
     # (fan_in's own VJP). False: it keeps only their activations [M, F] (kept anyway) and takes that
     # gradient from them (see _down_fan_in): one [M, D] array less per MoE layer (dsv3-proxy on one
-    # H100 34.6 -> 30.5 GiB, at EP 2 35.5 -> 27.3), at 1.7% / 3.4% fewer tokens/s
+    # H100 34.6 -> 31.2 GiB at the same tokens/s, at EP 2 35.5 -> 28.7 GiB at 1.7% fewer)
     keep_expert_outputs: bool = True
     # the model recomputes its blocks in the backward pass (ModelConfig.remat); over sluice.ep, whose
     # communication jax.checkpoint cannot replay, the block recomputes its local part (fan-out, the
@@ -195,50 +195,52 @@ def _swiglu_grouped(xs, wi, wo, group_sizes, gmm):
     return gmm(_swiglu_act(xs, wi, group_sizes, gmm), wo, group_sizes)
 
 
-def _down_fan_in(act, wo, fan, gmm, out_dtype=None, keep_outputs=True):
+def _down_fan_in(act, wo, fan, idx, gmm, out_dtype=None, keep_outputs=True):
     """``ep.fan_in(gmm(act, wo, fan.group_sizes), fan, out_dtype=out_dtype)``: the experts' down
-    projection, summed back per token with the router weights. With keep_outputs=False its backward
-    keeps act (which the weight gradient needs anyway) and not the expert outputs ys [M, D] that
-    fan_in's own backward needs for the router weights' gradient (one [M, D] array a MoE layer,
-    1 GiB at dsv3-proxy's EP 2), using d weight[i, j] = <d out[i], ys[r]> = <d out[i] @ wo[g]^T,
-    act[r]> for r = fan.pos[i, j]; d out reaches the rows by an XLA gather (the fan kernels' VJP is
-    a tuned kernel: this is why it is slower)."""
+    projection, summed back per token with the router weights; idx: the topk_idx fan_out made
+    ``fan`` from. With keep_outputs=False its backward keeps act (which the weight gradient needs
+    anyway) and not the expert outputs ys [M, D] that fan_in's own backward needs for the router
+    weights' gradient (one [M, D] array a MoE layer, 1 GiB at dsv3-proxy's EP 2), using
+    d weight[i, j] = <d out[i], ys[r]> = <d out[i] @ wo[g]^T, act[r]> for r = fan.pos[i, j]; d out
+    reaches the rows by fan_out (the same stable counting sort as the forward's, so the same rows)."""
     if keep_outputs:
         from sluice import ep
 
         return ep.fan_in(gmm(act, wo, fan.group_sizes), fan, out_dtype=out_dtype)
     return _down_fan_in_vjp(
-        act, wo, fan.weights, fan.pos, fan.group_sizes,
+        act, wo, fan.weights, fan.pos, fan.group_sizes, idx,
         fan.num_local_experts, fan.max_rows, gmm, jnp.dtype(out_dtype or act.dtype),
     )  # fmt: skip
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
-def _down_fan_in_vjp(act, wo, w, pos, group_sizes, l, max_rows, gmm, out_dtype):
+@partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
+def _down_fan_in_vjp(act, wo, w, pos, group_sizes, idx, l, max_rows, gmm, out_dtype):
     from sluice import ep
 
     fan = ep.Fan(pos, w, group_sizes, l, max_rows)
     return ep.fan_in(gmm(act, wo, group_sizes), fan, out_dtype=out_dtype)
 
 
-def _down_fan_in_fwd(act, wo, w, pos, group_sizes, l, max_rows, gmm, out_dtype):
-    out = _down_fan_in_vjp(act, wo, w, pos, group_sizes, l, max_rows, gmm, out_dtype)
-    return out, (act, wo, w, pos, group_sizes)
+def _down_fan_in_fwd(act, wo, w, pos, group_sizes, idx, l, max_rows, gmm, out_dtype):
+    out = _down_fan_in_vjp(act, wo, w, pos, group_sizes, idx, l, max_rows, gmm, out_dtype)
+    return out, (act, wo, w, pos, group_sizes, idx)
 
 
 def _down_fan_in_bwd(l, max_rows, gmm, out_dtype, res, dout):
+    from sluice import ep
+
     from ._vma import match_vma
 
-    act, wo, w, pos, group_sizes = res
-    m, (n, k) = act.shape[0], pos.shape
-    # each row r of ys came from one (token i, slot j): its token and router weight, by row
+    act, wo, w, pos, group_sizes, idx = res
+    m = act.shape[0]
+    # d out, unweighted, at every row its token was copied to (rows without one: zeros)
+    dys = ep._fan_out_call(dout.astype(act.dtype), idx, l, max_rows)[0]
     flat = pos.reshape(-1)
-    to = jnp.where(flat >= 0, flat, m)  # m: out of bounds, dropped
-    tok = jnp.arange(n * k, dtype=jnp.int32) // k
-    row_tok = jnp.full(m, -1, jnp.int32).at[to].set(tok, mode="drop")  # -1: no token
-    row_w = jnp.zeros(m, jnp.float32).at[to].set(w.reshape(-1).astype(jnp.float32), mode="drop")
-    d_rows = dout.astype(act.dtype)[jnp.maximum(row_tok, 0)]
-    dys = jnp.where(row_tok[:, None] >= 0, d_rows, 0)  # d out, unweighted
+    row_w = (  # each row's router weight (m: a pair left out, dropped)
+        jnp.zeros(m, jnp.float32)
+        .at[jnp.where(flat >= 0, flat, m)]
+        .set(w.reshape(-1).astype(jnp.float32), mode="drop")
+    )
     # one vjp of the down projection at (weighted act, wo): d act (unweighted) = dys @ wo^T, and
     # d wo = (row_w * act)^T @ dys, the same as (act)^T @ (row_w * dys)
     act_w = (act.astype(jnp.float32) * row_w[:, None]).astype(act.dtype)
@@ -248,7 +250,7 @@ def _down_fan_in_bwd(l, max_rows, gmm, out_dtype, res, dout):
     row_dw = jnp.sum(dact_unw * act.astype(jnp.float32), axis=-1)
     dw = jnp.where(pos >= 0, row_dw[jnp.maximum(pos, 0)], 0.0).astype(w.dtype)
     dact = (dact_unw * row_w[:, None]).astype(act.dtype)
-    return match_vma(dact, act), dwo, match_vma(dw, w), None, None
+    return match_vma(dact, act), dwo, match_vma(dw, w), None, None, None
 
 
 _down_fan_in_vjp.defvjp(_down_fan_in_fwd, _down_fan_in_bwd)
@@ -325,7 +327,7 @@ def _dropless_local(cfg, x, idx, weights, wi, wo, gmm):
 
         xs, counts, fan = ep.fan_out_tokens(x, idx, weights, num_experts=cfg.num_experts)
         act = _swiglu_act(xs, wi, counts, gmm)
-        y = _down_fan_in(act, wo, fan, gmm, jnp.float32, cfg.keep_expert_outputs)
+        y = _down_fan_in(act, wo, fan, idx, gmm, jnp.float32, cfg.keep_expert_outputs)
         return y, counts
     xs, order, counts = _sort_by_expert(x, idx, cfg.num_experts)
     ys = _swiglu_grouped(xs, wi, wo, counts, gmm)
@@ -453,7 +455,7 @@ def _dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
             recv._replace(x=rx, topk_idx=ri, topk_weights=rw), max_rows=rows
         )
         act = _swiglu_act(xs, wi, group_sizes, gmm)
-        return _down_fan_in(act, wo, fan, gmm, None, cfg.keep_expert_outputs), group_sizes
+        return _down_fan_in(act, wo, fan, ri, gmm, None, cfg.keep_expert_outputs), group_sizes
 
     # Under remat the whole local part (fan-out, the experts, fan-in: no communication) is one
     # recomputed region: it keeps only the received rows [T*R, H] for the backward pass instead of
