@@ -2,7 +2,8 @@
 gradients (bf16 MoE layer, DeepSeek-V3 routing) against the ragged_dot path on one device, as
 relative errors. Paths: sluice on one device; ragged_dot over every device (jax.lax.ragged_all_to_all);
 sluice over every device (sluice.ep and sluice.gmm); sluice.gmm with ragged_all_to_all; sluice.ep
-with ragged_dot. bench/results/ragged-a2a-grad-h100x2-20261126.md has a run on 2x H100.
+with ragged_dot. bench/results/ragged-a2a-grad-h100x2-20261126.md has runs on 2x H100: the one that found
+ragged_all_to_all's gradients wrong, and the one after the fix (moe.py's _a2a_buffer).
 
     SLUICE_LIBRARY=... PYTHONPATH=python python3 dev/probe/moe_grad_diag.py
 """
