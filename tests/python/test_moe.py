@@ -196,7 +196,7 @@ def test_sluice_equals_ragged_dot_bf16():
 @pytest.mark.parametrize("dp,ep", [(1, 1), (2, 2)], ids=["one-device", "ep2x2-sluice.ep"])
 def test_keeping_no_expert_outputs_changes_no_gradient(dp, ep):
     """keep_expert_outputs=False (the router weights' gradient from the activations, d out reaching
-    the rows by a gather; moe._down_fan_in) against fan_in's own VJP: the same outputs and gradients,
+    the rows by fan_out; moe._down_fan_in) against fan_in's own VJP: the same outputs and gradients,
     in float32 to rounding, with and without expert parallelism over sluice.ep."""
     x = _x()
     cfg = dataclasses.replace(SIGMOID, impl="sluice", aux_loss_coef=0.01)
