@@ -420,9 +420,11 @@ def merge(args):
     if any("cublas_batched" in r["tflops"] for r in rows):
         lines += [
             "",
-            "Dense references at equal FLOPs: cuBLAS dense is one M x K x N product (torch.mm); cuBLAS "
-            "batched is torch.bmm over G groups of exactly M/G rows (no ragged edge), the weight "
-            "gradient writing the same G x K x N output as tgmm.",
+            (
+                "Dense references at equal FLOPs: cuBLAS dense is one M x K x N product (torch.mm); "
+                "cuBLAS batched is torch.bmm over G groups of exactly M/G rows (no ragged edge), the "
+                "weight gradient writing the same G x K x N output as tgmm."
+            ),
             "",
             "| shape | sizes | cuBLAS batched | cuBLAS batched wgrad | "
             + " | ".join(refs)

@@ -16,8 +16,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
-from bench_gmm import ShapeCalls, open_lib  # noqa: E402
-from shapes import SHAPES, group_sizes  # noqa: E402
+from bench_gmm import ShapeCalls, open_lib
+from shapes import SHAPES, group_sizes
 
 
 def calls_for(lib, shape, dist, seed=0):

@@ -139,7 +139,7 @@ def test_check_grads_gmm_and_tgmm():
     # reach the 1e-2 tolerance: one fresh draw failed in CI on 2026-11-24, 60 redraws passed).
     gs = random_groups(14, 3)
     lhs, rhs = rand((16, 5), jnp.float32), rand((3, 5, 4), jnp.float32)
-    kw = dict(order=1, modes=("rev",), atol=1e-2, rtol=1e-2, eps=0.1)
+    kw = {"order": 1, "modes": ("rev",), "atol": 1e-2, "rtol": 1e-2, "eps": 0.1}
     check_grads(lambda l, w: sluice.gmm(l, w, gs), (lhs, rhs), **kw)
     check_grads(lambda l, w: sluice.gmm(l, w, gs, transpose_rhs=True),
                 (lhs, jnp.swapaxes(rhs, 1, 2)), **kw)
