@@ -149,6 +149,19 @@ def part_capi(args):
                 f"capi {tr} sms={sms}: combine {ct:.1f} us ({crossing / ct / 1e3:.0f} GB/s)",
                 flush=True,
             )
+            # redispatch (combine's transpose, in every backward pass): each rank's x to the
+            # ranks that received its rows, the same bytes as dispatch's rows
+            red_fn = lambda rk, comm=comm: rk.redispatch(comm, d, rk.x)
+            timed(ranks, red_fn, 2)
+            red = [timed(ranks, red_fn, args.iters) for _ in range(args.reps)]
+            rt = statistics.median(red)
+            entry.update(
+                redispatch_us=rt, redispatch_all_us=red, redispatch_gbps=crossing / rt / 1e3
+            )
+            print(
+                f"capi {tr} sms={sms}: redispatch {rt:.1f} us ({crossing / rt / 1e3:.0f} GB/s)",
+                flush=True,
+            )
         except RuntimeError as ex:
             print(f"capi {tr} sms={sms}: {ex}", flush=True)
             entry["error"] = str(ex)[:500]
@@ -473,7 +486,7 @@ def report(paths, md):
         for tr, v in capi.get("transports", {}).items()
     ]
     for what, v in runs:
-        for op in ("dispatch", "combine"):
+        for op in ("dispatch", "combine", "redispatch"):
             if op + "_us" in v:
                 lines.append(
                     f"| sluice {op}, C API, {what} | {v[op + '_us']:.1f} | {v[op + '_gbps']:.0f} |"
