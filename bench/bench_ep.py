@@ -37,7 +37,12 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 
-def workload(small):
+def workload(small, override=None):
+    """DeepEP's (4096 tokens of 7168, top-8 of 256), --small's, or --workload T,H,K,E (e.g. the
+    dsv3-proxy model's per-GPU step: 32768,1024,8,256)."""
+    if override:
+        t, h, k, e = (int(v) for v in override.split(","))
+        return {"t": t, "h": h, "k": k, "e": e}
     if small:
         return {"t": 256, "h": 512, "k": 8, "e": 32}
     return {"t": 4096, "h": 7168, "k": 8, "e": 256}
@@ -81,7 +86,7 @@ def part_capi(args):
     import ml_dtypes
 
     r = args.ranks
-    wl = workload(args.small)
+    wl = workload(args.small, args.workload)
     t, h, k, e = wl["t"], wl["h"], wl["k"], wl["e"]
     idx = routing(r, t, k, e)
     rng = np.random.default_rng(1)
@@ -235,7 +240,7 @@ def part_jax(args):
             local_device_ids=[args.proc],
         )
     r = args.ranks
-    wl = workload(args.small)
+    wl = workload(args.small, args.workload)
     t, h, k, e = wl["t"], wl["h"], wl["k"], wl["e"]
     l = e // r
     devs = sorted(jax.devices(), key=lambda d: d.id)[:r]
@@ -561,6 +566,7 @@ def main():
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--unroll", type=int, default=11)
     ap.add_argument("--small", action="store_true")
+    ap.add_argument("--workload", help="T,H,K,E per rank instead of DeepEP's (capi and jax parts)")
     args = ap.parse_args()
     if args.report is not None:
         report(args.report, args.md)

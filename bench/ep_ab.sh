@@ -5,6 +5,7 @@
 # The checks of B are run_ep_gpu.sh's (SLUICE_LIBRARY=B EP_STEPS="capi mp sanitizer pytest").
 #
 #   A=old/libsluice.so B=new/libsluice.so OUT=/tmp/ab ROUNDS=2 MP=1 bash bench/ep_ab.sh
+#   SMS=64 WORKLOAD=32768,1024,8,256 TRANSPORTS="peer ipc" ...   # blocks, T,H,K,E per rank, transports
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cd "$(dirname "$0")/.."
@@ -15,11 +16,13 @@ R=${EP_RANKS:-$(nvidia-smi -L | wc -l)}
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for v in A B; do
     so=${!v}
-    SLUICE_LIBRARY=$so timeout 150 python3 bench/bench_ep.py --part capi --ranks "$R" --sms 24 \
-      --transports peer ipc nccl --transport-sms 24 --out "$OUT/capi-$v-$round.json" >>"$OUT/log.txt" 2>&1
+    # shellcheck disable=SC2086
+    SLUICE_LIBRARY=$so timeout 150 python3 bench/bench_ep.py --part capi --ranks "$R" --sms "${SMS:-24}" \
+      --transports ${TRANSPORTS:-peer ipc nccl} --transport-sms "${SMS:-24}" ${WORKLOAD:+--workload $WORKLOAD} \
+      --out "$OUT/capi-$v-$round.json" >>"$OUT/log.txt" 2>&1
     echo "capi $v round $round rc=$?"
     if [ "${MP:-0}" = 1 ]; then
-      SLUICE_LIBRARY=$so timeout 200 python3 bench/bench_ep.py --part mp --ranks "$R" --sms 24 --reps 5 \
+      SLUICE_LIBRARY=$so timeout 200 python3 bench/bench_ep.py --part mp --ranks "$R" --sms "${SMS:-24}" --reps 5 \
         --unroll 6 --mp-transports ipc --mp-timeout 110 --out "$OUT/mp-$v-$round.json" >>"$OUT/log.txt" 2>&1
       echo "mp $v round $round rc=$?"
     fi
@@ -41,6 +44,8 @@ for path in sorted(glob.glob(os.path.join(out, "*-[AB]-*.json"))):
             for op in ("dispatch", "combine", "redispatch"):
                 if op + "_us" in e:
                     vals.setdefault((f"C API, {name}: {op}", v), []).append(e[op + "_us"])
+        if "layout_us" in c:
+            vals.setdefault(("C API, layout alone (1 GPU)", v), []).append(c["layout_us"])
     else:
         for tr, e in data["mp"].items():
             for op in ("dispatch", "combine"):

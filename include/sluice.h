@@ -196,7 +196,7 @@ typedef struct sl_ep_comm_desc {
   int use_cuda;               /* 1: also set up a CUDA transport */
   const int *device_ordinals; /* CUDA: [G*R] device of (group g, rank r) at g*R + r, or -1 where
                                  another process owns that rank (IPC and NCCL only); else NULL */
-  int num_sms;                /* CUDA: blocks of the data kernels (one per SM), 1..64; 0 = 20 */
+  int num_sms;                /* CUDA: blocks of the data kernels (one per SM), 1..64; 0 = 64 */
   int transport;              /* CUDA: an sl_ep_transport (default PEER) */
   size_t buffer_bytes;        /* IPC / NCCL: staging bytes per rank; 0 = 256 MiB. An op needing more
                                  fails with SL_STATUS_INVALID_ARGUMENT naming the size it needs */

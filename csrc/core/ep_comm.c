@@ -121,7 +121,7 @@ sl_status sl_ep_comm_create(const sl_ep_comm_desc *desc, int64_t *comm_id) {
   if (!c) return sl_set_error(SL_STATUS_OUT_OF_MEMORY, "ep_comm_create: out of memory");
   c->num_groups = desc->num_groups;
   c->num_ranks = desc->num_ranks;
-  c->num_sms = desc->num_sms ? desc->num_sms : 20;
+  c->num_sms = desc->num_sms ? desc->num_sms : 64;
   c->timeout_s = desc->timeout_s;
   c->groups = calloc((size_t)desc->num_groups, sizeof *c->groups);
   if (!c->groups) {

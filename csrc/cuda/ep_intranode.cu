@@ -10,10 +10,13 @@
  * rows into the peers' output buffers, combine and redispatch pull rows from the peers' y and g.
  * No staging copy.
  *
- * One call on rank r, after a layout kernel (dispatch only; one block: send positions and counts):
+ * One call on rank r, after the layout (dispatch only: send positions and counts, a block per chunk
+ * of 1024 tokens):
  *   1. publish: block 0 writes mail/hist into every peer, fence, then the flag (st.release.sys);
  *   2. meet: every block waits (acquire) until all peers' flags show this call's seq;
- *   3. move: warp per token, 16-byte vectors; f32 sums in fixed rank order for combine;
+ *   3. move: warp per token (redispatch and the IPC combine: per row, the peers' rows interleaved,
+ *      so that no GPU's links carry every rank's traffic at once), 16-byte vectors; f32 sums in
+ *      fixed rank order for combine;
  *   4. leave: each block bumps every peer's `done`; block 0 waits until its own reaches
  *      seq * R * blocks, i.e. every block of every peer has finished touching our buffers.
  * A peer's next call can only overwrite our mail after step 4 of this call, which needs all our
@@ -23,7 +26,7 @@
  * records (rank, whom it waited for, phase) in host-mapped memory; the host reports it at the next
  * call (or at once with SLUICE_DEBUG=1) and the communicator is broken from then on.
  *
- * Bounded work: `num_sms` blocks of 512 threads (default 20). Requires R <= 8, k <= 32, E <= 8192,
+ * Bounded work: `num_sms` blocks of 512 threads (default 64). Requires R <= 8, k <= 32, E <= 8192,
  * E/R <= 4096.
  */
 #include <cuda_bf16.h>
@@ -81,6 +84,7 @@ struct Rank {
   EpErr *err_host, *err_dev;
   int *send_counts; /* [R] this rank's rows to each rank (layout scratch) */
   int *expert_hist; /* [E max] this rank's slots per global expert (layout scratch) */
+  int *chunk_cnt;   /* [kMaxChunks][R max] the multi-block layout's counts per chunk (scratch) */
   int *cnt_all;     /* [R*R] device: rows s -> d of the last exchange (IPC) */
   char *stage;      /* IPC: buf + kHdr; NCCL: its own buffer of stage_bytes */
   unsigned long long seq;
@@ -261,87 +265,162 @@ struct LayoutArgs {
   int T, k, E, L, R;
 };
 
-__device__ __forceinline__ void layout_body(const LayoutArgs &a) {
-  __shared__ int hist[kMaxExperts];
-  __shared__ int warp_tot[32][kMaxRanks];
-  __shared__ int carry[kMaxRanks];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  for (int e = tid; e < a.E; e += blockDim.x) hist[e] = 0;
-  if (tid < kMaxRanks) carry[tid] = 0;
-  __syncthreads();
-  /* Chunks of blockDim tokens, a thread per token; positions by a block-wide scan per rank. */
-  for (int base = 0; base < a.T; base += blockDim.x) {
-    const int t = base + tid;
-    unsigned mask = 0;
-    if (t < a.T && a.k <= 8) {
-      /* the usual case: the token's ids in registers, their loads all in flight at once */
-      int ids[8];
+/* The ranks token t goes to (bit d: one of its slots' experts is on rank d); its valid slots are
+ * counted per expert in hist (shared memory), the bad ones (out of range, or repeating an earlier
+ * slot's expert) in *bad. */
+__device__ __forceinline__ unsigned token_mask(const LayoutArgs &a, int t, int *hist) {
+  unsigned mask = 0;
+  if (t < a.T && a.k <= 8) {
+    /* the usual case: the token's ids in registers, their loads all in flight at once */
+    int ids[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) ids[j] = j < a.k ? __ldg(a.idx + (int64_t)t * a.k + j) : -1;
+    for (int j = 0; j < 8; ++j) ids[j] = j < a.k ? __ldg(a.idx + (int64_t)t * a.k + j) : -1;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int e = ids[j];
-        bool ok = e >= 0 && e < a.E;
+    for (int j = 0; j < 8; ++j) {
+      const int e = ids[j];
+      bool ok = e >= 0 && e < a.E;
 #pragma unroll
-        for (int i = 0; i < j; ++i) ok = ok && ids[i] != e;
-        if (!ok) {
-          if (e != -1 && a.bad) atomicAdd(a.bad, 1);
-          continue;
-        }
-        atomicAdd(&hist[e], 1);
-        mask |= 1u << (e / a.L);
+      for (int i = 0; i < j; ++i) ok = ok && ids[i] != e;
+      if (!ok) {
+        if (e != -1 && a.bad) atomicAdd(a.bad, 1);
+        continue;
       }
-    } else if (t < a.T) {
-      for (int j = 0; j < a.k; ++j) {
-        int e = a.idx[(int64_t)t * a.k + j];
-        bool ok = e >= 0 && e < a.E;
-        for (int i = 0; i < j && ok; ++i) ok = a.idx[(int64_t)t * a.k + i] != e;
-        if (!ok) {
-          if (e != -1 && a.bad) atomicAdd(a.bad, 1);
-          continue;
-        }
-        atomicAdd(&hist[e], 1);
-        mask |= 1u << (e / a.L);
-      }
+      atomicAdd(&hist[e], 1);
+      mask |= 1u << (e / a.L);
     }
-    int incl[kMaxRanks];
-    for (int d = 0; d < a.R; ++d) {
-      int v = (mask >> d) & 1;
+  } else if (t < a.T) {
+    for (int j = 0; j < a.k; ++j) {
+      int e = a.idx[(int64_t)t * a.k + j];
+      bool ok = e >= 0 && e < a.E;
+      for (int i = 0; i < j && ok; ++i) ok = a.idx[(int64_t)t * a.k + i] != e;
+      if (!ok) {
+        if (e != -1 && a.bad) atomicAdd(a.bad, 1);
+        continue;
+      }
+      atomicAdd(&hist[e], 1);
+      mask |= 1u << (e / a.L);
+    }
+  }
+  return mask;
+}
+
+/* Block-wide exclusive scan of the tokens' masks, per rank: before[d] = the block's earlier tokens
+ * (by thread) going to rank d; tot[d] = the block's tokens going to d. Every thread calls it. */
+__device__ __forceinline__ void block_scan_masks(unsigned mask, int R, int *before, int *tot) {
+  __shared__ int warp_tot[32][kMaxRanks];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x / 32;
+  int incl[kMaxRanks];
+  for (int d = 0; d < R; ++d) {
+    int v = (mask >> d) & 1;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int u = __shfl_up_sync(0xffffffffu, v, o);
+      if (lane >= o) v += u;
+    }
+    incl[d] = v;
+    if (lane == 31) warp_tot[warp][d] = v;
+  }
+  __syncthreads();
+  if (warp == 0)
+    for (int d = 0; d < R; ++d) {
+      int v = lane < nw ? warp_tot[lane][d] : 0;
       for (int o = 1; o < 32; o <<= 1) {
         const int u = __shfl_up_sync(0xffffffffu, v, o);
         if (lane >= o) v += u;
       }
-      incl[d] = v;
-      if (lane == 31) warp_tot[warp][d] = v;
+      if (lane < nw) warp_tot[lane][d] = v; /* inclusive over warps */
     }
-    __syncthreads();
-    if (warp == 0) {
-      const int nw = blockDim.x / 32;
-      for (int d = 0; d < a.R; ++d) {
-        int v = lane < nw ? warp_tot[lane][d] : 0;
-        for (int o = 1; o < 32; o <<= 1) {
-          const int u = __shfl_up_sync(0xffffffffu, v, o);
-          if (lane >= o) v += u;
-        }
-        if (lane < nw) warp_tot[lane][d] = v; /* inclusive over warps */
-      }
-    }
-    __syncthreads();
+  __syncthreads();
+  for (int d = 0; d < R; ++d) {
+    before[d] = (warp ? warp_tot[warp - 1][d] : 0) + incl[d] - (int)((mask >> d) & 1);
+    tot[d] = warp_tot[nw - 1][d];
+  }
+  __syncthreads(); /* warp_tot is reused by the next call */
+}
+
+/* One block over all tokens, in chunks of blockDim (the NCCL transport's per-source layouts, and
+ * token counts past the multi-block layout's chunk table). */
+__device__ __forceinline__ void layout_body(const LayoutArgs &a) {
+  __shared__ int hist[kMaxExperts];
+  const int tid = threadIdx.x;
+  for (int e = tid; e < a.E; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
+  int carry[kMaxRanks];
+  for (int d = 0; d < kMaxRanks; ++d) carry[d] = 0;
+  for (int base = 0; base < a.T; base += blockDim.x) {
+    const int t = base + tid;
+    const unsigned mask = token_mask(a, t, hist);
+    int before[kMaxRanks], tot[kMaxRanks];
+    block_scan_masks(mask, a.R, before, tot);
     if (t < a.T)
-      for (int d = 0; d < a.R; ++d) {
-        const int before =
-            carry[d] + (warp ? warp_tot[warp - 1][d] : 0) + incl[d] - ((mask >> d) & 1);
-        a.send_row[(int64_t)t * a.R + d] = ((mask >> d) & 1) ? before : -1;
-      }
-    __syncthreads();
-    if (tid < a.R) carry[tid] += warp_tot[blockDim.x / 32 - 1][tid];
-    __syncthreads();
+      for (int d = 0; d < a.R; ++d)
+        a.send_row[(int64_t)t * a.R + d] = ((mask >> d) & 1) ? carry[d] + before[d] : -1;
+    for (int d = 0; d < a.R; ++d) carry[d] += tot[d];
   }
   if (tid < a.R) a.send_counts[tid] = carry[tid];
+  __syncthreads();
   for (int e = tid; e < a.E; e += blockDim.x) a.expert_hist[e] = hist[e];
 }
 
 __global__ void __launch_bounds__(1024) layout_kernel(LayoutArgs a) { layout_body(a); }
+
+/* The same layout over many blocks, in two launches (the one block above took 158 us for 32k
+ * tokens, ahead of every dispatch). 1: a block per chunk of 1024 tokens: positions within the
+ * chunk, the chunk's count per rank into chunk_cnt [chunks][R], its histogram added to expert_hist
+ * (zeroed before). 2: each chunk's positions shifted by the earlier chunks' counts; send_counts. */
+constexpr int kLayoutChunk = 1024, kMaxChunks = 256; /* up to 262,144 tokens, else one block */
+
+__global__ void __launch_bounds__(kLayoutChunk) layout_count_kernel(LayoutArgs a, int *chunk_cnt) {
+  __shared__ int hist[kMaxExperts];
+  const int tid = threadIdx.x, t = blockIdx.x * kLayoutChunk + tid;
+  for (int e = tid; e < a.E; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
+  const unsigned mask = token_mask(a, t, hist);
+  int before[kMaxRanks], tot[kMaxRanks];
+  block_scan_masks(mask, a.R, before, tot);
+  if (t < a.T)
+    for (int d = 0; d < a.R; ++d)
+      a.send_row[(int64_t)t * a.R + d] = ((mask >> d) & 1) ? before[d] : -1;
+  if (tid < a.R) chunk_cnt[blockIdx.x * a.R + tid] = tot[tid];
+  for (int e = tid; e < a.E; e += blockDim.x)
+    if (hist[e]) atomicAdd(&a.expert_hist[e], hist[e]);
+}
+
+__global__ void __launch_bounds__(kLayoutChunk) layout_offset_kernel(LayoutArgs a,
+                                                                     const int *chunk_cnt) {
+  __shared__ int off[kMaxRanks];
+  const int tid = threadIdx.x, t = blockIdx.x * kLayoutChunk + tid;
+  const int lane = tid & 31, d = tid >> 5; /* warp d sums rank d's counts of the earlier chunks */
+  if (d < a.R) {
+    int o = 0;
+    for (int c = lane; c < (int)blockIdx.x; c += 32) o += chunk_cnt[c * a.R + d];
+    for (int m = 16; m; m >>= 1) o += __shfl_xor_sync(0xffffffffu, o, m);
+    if (lane == 0) {
+      off[d] = o;
+      if (blockIdx.x == gridDim.x - 1) a.send_counts[d] = o + chunk_cnt[blockIdx.x * a.R + d];
+    }
+  }
+  __syncthreads();
+  if (t < a.T)
+    for (int d = 0; d < a.R; ++d) {
+      int *p = a.send_row + (int64_t)t * a.R + d;
+      if (*p >= 0) *p += off[d];
+    }
+}
+
+/* The layout of one rank's tokens; chunk_cnt: scratch of kMaxChunks * kMaxRanks ints, or null
+ * (one block). */
+cudaError_t launch_layout(const LayoutArgs &a, int *chunk_cnt, cudaStream_t s) {
+  const int chunks = (a.T + kLayoutChunk - 1) / kLayoutChunk;
+  if (!chunk_cnt || chunks <= 1 || chunks > kMaxChunks) {
+    layout_kernel<<<1, 1024, 0, s>>>(a);
+    return cudaGetLastError();
+  }
+  cudaError_t e = cudaMemsetAsync(a.expert_hist, 0, sizeof(int) * a.E, s);
+  if (e != cudaSuccess) return e;
+  layout_count_kernel<<<chunks, kLayoutChunk, 0, s>>>(a, chunk_cnt);
+  layout_offset_kernel<<<chunks, kLayoutChunk, 0, s>>>(a, chunk_cnt);
+  return cudaGetLastError();
+}
 
 /* NCCL: the layout of every source rank's tokens at once (block s: source s). */
 struct LayoutMulti {
@@ -1225,6 +1304,7 @@ extern "C" sl_status ep_cuda_attach(sl_ep_comm *c, const sl_ep_comm_desc *desc) 
       e = cudaMalloc(&rk->stage, st->stage_bytes);
     if (e == cudaSuccess) e = cudaMalloc(&rk->send_counts, sizeof(int) * kMaxRanks);
     if (e == cudaSuccess) e = cudaMalloc(&rk->expert_hist, sizeof(int) * kMaxExperts);
+    if (e == cudaSuccess) e = cudaMalloc(&rk->chunk_cnt, sizeof(int) * kMaxChunks * kMaxRanks);
     if (e == cudaSuccess) e = cudaMalloc(&rk->cnt_all, sizeof(int) * kMaxRanks * kMaxRanks);
     int sms = 0;
     if (e == cudaSuccess)
@@ -1298,6 +1378,7 @@ extern "C" void ep_cuda_detach(sl_ep_comm *c) {
     if (st->transport == SL_EP_TRANSPORT_NCCL) cudaFree(rk->stage);
     cudaFree(rk->send_counts);
     cudaFree(rk->expert_hist);
+    cudaFree(rk->chunk_cnt);
     cudaFree(rk->cnt_all);
     if (rk->err_host) cudaFreeHost(rk->err_host);
   }
@@ -1663,7 +1744,8 @@ extern "C" sl_status sl_ep_dispatch_cuda(int64_t comm_id, const sl_ep_desc *d, c
                    (int)d->num_experts,
                    L,
                    st->R};
-  layout_kernel<<<1, 1024, 0, s>>>(la);
+  cudaError_t le = launch_layout(la, rk->chunk_cnt, s);
+  if (le != cudaSuccess) return cuda_fail(le, op, "layout launch");
   DispatchArgs a;
   memset(&a, 0, sizeof a);
   a.c = make_ctl(st, rk);
@@ -1719,7 +1801,11 @@ extern "C" sl_status sl_ep_layout_cuda(const sl_ep_desc *d, const int32_t *topk_
   int dev = 0;
   cudaGetDevice(&dev);
   if (dev < 0 || dev >= 64) return sl_set_error(SL_STATUS_UNSUPPORTED, "ep layout: device %d", dev);
+  static int *chunk_of[64]; /* the multi-block layout's chunk table, one per device */
   if (!bad_of[dev] && cudaMalloc(&bad_of[dev], sizeof(int)) != cudaSuccess)
+    return sl_set_error(SL_STATUS_CUDA_ERROR, "ep layout: cudaMalloc");
+  if (!chunk_of[dev] &&
+      cudaMalloc(&chunk_of[dev], sizeof(int) * kMaxChunks * kMaxRanks) != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "ep layout: cudaMalloc");
   int *bad = bad_of[dev];
   LayoutArgs la = {topk_idx,
@@ -1732,8 +1818,7 @@ extern "C" sl_status sl_ep_layout_cuda(const sl_ep_desc *d, const int32_t *topk_
                    (int)d->num_experts,
                    (int)(d->num_experts / d->num_ranks),
                    (int)d->num_ranks};
-  layout_kernel<<<1, 1024, 0, (cudaStream_t)stream>>>(la);
-  cudaError_t e = cudaGetLastError();
+  cudaError_t e = launch_layout(la, chunk_of[dev], (cudaStream_t)stream);
   return e == cudaSuccess ? SL_STATUS_SUCCESS : cuda_fail(e, "layout", "kernel launch");
 }
 

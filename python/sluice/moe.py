@@ -73,6 +73,9 @@ class MoEConfig:
     # experts), which grows with the rank count. Copies past the bound are dropped and counted in
     # stats["dropped"] (sluice-train stops on them): a memory bound, not a capacity to tune.
     ep_rows_factor: float | None = None
+    # sluice.ep only: thread blocks of the exchange kernels (sluice.ep.setup's num_sms; None: its
+    # default)
+    ep_num_sms: int | None = None
     fsdp: bool = False  # also split the routed experts' weights over the data axis (along d_model)
     # sluice only: the backward keeps the experts' outputs [M, D] for the router weights' gradient
     # (fan_in's own VJP). False: it keeps only their activations [M, F] (kept anyway) and takes that
@@ -106,6 +109,12 @@ class MoEConfig:
             raise ValueError("capacity_factor must be positive")
         if self.ep_rows_factor is not None and not self.ep_rows_factor > 0:
             raise ValueError(f"ep_rows_factor must be positive or None, got {self.ep_rows_factor}")
+        if self.ep_num_sms is not None and not (
+            isinstance(self.ep_num_sms, int) and 1 <= self.ep_num_sms <= 64
+        ):
+            raise ValueError(
+                f"ep_num_sms must be an int in [1, 64] or None, got {self.ep_num_sms!r}"
+            )
 
 
 def capacity(seq_len: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
@@ -487,7 +496,8 @@ def _setup_sluice_ep(cfg: MoEConfig, mesh, axis_name) -> bool:
         ids = tuple(int(d.id) for d in mesh.devices.flat)
         live = {tuple(sorted(c.device_ids)) for c in getattr(ep, "_COMMS", {}).get(axis_name, [])}
         if (mesh, axis_name) not in _EP_READY or tuple(sorted(ids)) not in live:
-            ep.setup(mesh, axis_name=axis_name)
+            kw = {} if cfg.ep_num_sms is None else {"num_sms": cfg.ep_num_sms}
+            ep.setup(mesh, axis_name=axis_name, **kw)
     except Exception as e:
         if cfg.use_sluice_dispatch:
             if isinstance(e, ImportError):

@@ -74,6 +74,12 @@ def parse_args(argv=None):
         "drop a copy past the bound stops the run",
     )
     p.add_argument(
+        "--ep-sms",
+        type=int,
+        help="sluice path over sluice.ep: thread blocks (SMs) of its exchange kernels, 1-64 "
+        "(default: sluice.ep.setup's 64)",
+    )
+    p.add_argument(
         "--sluice-dispatch",
         choices=("auto", "on", "off"),
         default="auto",
@@ -187,6 +193,7 @@ def build_config(a) -> tuple[ModelConfig, dict]:
         use_sluice_dispatch=dispatch,
         fsdp=a.fsdp,
         ep_rows_factor=a.ep_rows_factor,
+        ep_num_sms=a.ep_sms,
         keep_expert_outputs=a.keep_expert_outputs,
     )
     cfg = dataclasses.replace(cfg, moe=moe, attention=a.attention, remat=a.remat)

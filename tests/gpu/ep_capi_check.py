@@ -230,9 +230,11 @@ def main():
         (5, 3, 2, 2 * r, "random", 2),  # rows of 6 bytes: the 2-byte path
         (40, 520, 5, 16 * r, "random", 4),  # fan_in's slots in batches of 4 (5 = 4 + 1); H past 512
         (24, 1000, 7, 8 * r, "random", 4),  # a last 256-element slice of 232
+        (3000, 16, 8, 16 * r, "random", 8),  # the multi-block layout: 3 chunks, the last partial
+        (2100, 8, 3, 4 * r, "one_rank", 4),
     ]
     if args.quick:
-        cases = [cases[0], cases[6], cases[7]]
+        cases = [cases[0], cases[6], cases[7], cases[10]]
     for tr in args.transport:
         for t, h, k, e, mode, sms in cases:
             try:

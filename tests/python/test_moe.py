@@ -281,6 +281,15 @@ def test_ep_rows_bound_is_exact_within_it_and_counts_what_it_drops():
         dataclasses.replace(base, ep_rows_factor=0.0)
 
 
+def test_ep_num_sms_is_checked_before_it_reaches_the_communicator():
+    """A bad ep_num_sms fails at once: inside _setup_sluice_ep an error of ep.setup would turn the
+    auto mode's sluice.ep into ragged_all_to_all with a warning."""
+    for bad in (0, 65, 2.5, "8"):
+        with pytest.raises(ValueError, match="ep_num_sms"):
+            dataclasses.replace(SIGMOID, impl="sluice", ep_num_sms=bad)
+    assert dataclasses.replace(SIGMOID, impl="sluice", ep_num_sms=64).ep_num_sms == 64
+
+
 def _eqns(jaxpr):
     """Every equation of a jaxpr, those of its sub-jaxprs (shard_map, custom_vjp, ...) included."""
     for eqn in jaxpr.eqns:
