@@ -42,6 +42,7 @@ class GmmDesc(ctypes.Structure):
         ("rhs_dtype", ctypes.c_int),
         ("out_dtype", ctypes.c_int),
         ("transpose_rhs", ctypes.c_int),
+        ("skip_unused_rows", ctypes.c_int),
     ]
 
 

@@ -100,6 +100,10 @@ typedef struct sl_gmm_desc {
   sl_dtype rhs_dtype;      /* must equal lhs_dtype */
   sl_dtype out_dtype;      /* F32, BF16 or F16 */
   int transpose_rhs;       /* gmm only: rhs is [G_local, N, K] */
+  int skip_unused_rows;    /* gmm on CUDA: 1 = rows of out outside the local groups are left
+                              unwritten (unspecified), for callers that never read them (an MoE
+                              layer's worst-case-sized expert block); 0 = zeroed, as ragged_dot.
+                              The CPU path zeroes them either way. */
 } sl_gmm_desc;
 
 /* A descriptor filled with defaults (batch 1, struct_size set, everything else 0 / F32). */

@@ -31,6 +31,7 @@ struct GmmArgs {
   int num_groups, num_local_groups;
   sl_dtype in_dtype, out_dtype;
   int transpose_rhs; /* gmm only */
+  int skip_unused = 0; /* gmm: leave the rows outside the local groups unwritten */
   int index_order = 0; /* tgmm, dev A/B only: tiles in group order, not long groups first */
   int table_in_ws = 0; /* dev A/B only: the group table in the workspace even where it would fit
                         * in shared memory (place_table) */

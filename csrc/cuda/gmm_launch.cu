@@ -166,6 +166,7 @@ sl_status run(const char *op, bool tgmm, const sl_gmm_desc *d, const void *lhs, 
     a.num_groups = (int)G, a.num_local_groups = (int)GL;
     a.in_dtype = d->lhs_dtype, a.out_dtype = d->out_dtype;
     a.transpose_rhs = tgmm ? 0 : (d->transpose_rhs != 0);
+    a.skip_unused = tgmm ? 0 : (d->skip_unused_rows != 0);
     if (a.in_dtype == SL_DTYPE_F32) {
       st = sluice_cuda::naive_gmm_launch(a, tgmm, dev.sms, stream);
     } else {

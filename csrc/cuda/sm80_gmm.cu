@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(THREADS, 1) gmm_kernel(GmmArgs a) {
   const int GL = a.num_local_groups;
   const int *start = tab + kTableHeader, *end = start + GL, *tile_prefix = end + GL;
   const int total_tiles = tab[2];
-  if (!TGMM) zero_outside_rows(a, tab[0], tab[1]);
+  if (!TGMM && !a.skip_unused) zero_outside_rows(a, tab[0], tab[1]);
 
   const T *lhs = reinterpret_cast<const T *>(a.lhs);
   const T *rhs = reinterpret_cast<const T *>(a.rhs);

@@ -445,7 +445,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  if (!TGMM) zero_outside_rows(a, tab[0], tab[1]);
+  if (!TGMM && !a.skip_unused) zero_outside_rows(a, tab[0], tab[1]);
   __syncthreads();
 
   /* Decodes tile t into (group j, first row m0, first column n0, k-blocks nk, group rows; tok:

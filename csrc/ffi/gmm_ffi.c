@@ -3,7 +3,8 @@
  *
  * Operands: lhs, rhs, group_sizes (int32), group_offset (int32 [..., 1]).
  * Results:  out, workspace (uint8, device scratch of sl_gmm_cuda_workspace_size bytes; unused on CPU).
- * Attribute: transpose_rhs (integer scalar; gmm only, 0 for tgmm).
+ * Attributes (integer scalars, gmm only): transpose_rhs; skip_unused_rows (1: the rows of out outside
+ * the local groups are left unwritten on CUDA).
  * Any number of leading batch dimensions, the same on every operand (this is how vmap arrives).
  *   gmm:  lhs [..., M, K], rhs [..., G_local, K, N] or [..., G_local, N, K], out [..., M, N]
  *   tgmm: lhs [..., M, K], rhs [..., M, N],                             out [..., G_local, K, N]
@@ -29,8 +30,9 @@ static XLA_FFI_Error *parse(const XLA_FFI_CallFrame *f, int is_tgmm, sl_gmm_desc
   if (err) return err;
   const XLA_FFI_Buffer *lhs = sl_ffi_arg(f, 0), *rhs = sl_ffi_arg(f, 1), *gs = sl_ffi_arg(f, 2),
                        *off = sl_ffi_arg(f, 3), *out = sl_ffi_ret(f, 0);
-  int64_t transpose = 0;
+  int64_t transpose = 0, skip = 0;
   if (!is_tgmm && (err = sl_ffi_int_attr(f, op, "transpose_rhs", &transpose))) return err;
+  if (!is_tgmm && (err = sl_ffi_int_attr(f, op, "skip_unused_rows", &skip))) return err;
 
   if (lhs->rank < 2) return bad(f, op, "lhs must have rank >= 2 ([..., M, K])");
   const int nb = (int)lhs->rank - 2;
@@ -39,6 +41,7 @@ static XLA_FFI_Error *parse(const XLA_FFI_CallFrame *f, int is_tgmm, sl_gmm_desc
   d->m = lhs->dims[nb];
   d->k = lhs->dims[nb + 1];
   d->transpose_rhs = (int)(transpose != 0);
+  d->skip_unused_rows = (int)(skip != 0);
   if (gs->rank != nb + 1 || !same_batch(gs, lhs, nb))
     return bad(f, op, "group_sizes must be [..., G] with lhs's batch dims");
   if (gs->dtype != XLA_FFI_DataType_S32)

@@ -87,13 +87,14 @@ def _ffi(
     return call(lhs, rhs, group_sizes, group_offset, **attrs)[0]
 
 
-def _gmm_call(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype):
+def _gmm_call(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip_unused=False):
     n = rhs.shape[-2] if transpose_rhs else rhs.shape[-1]
     out_shape = lhs.shape[:-1] + (n,)
     g_local = rhs.shape[-3]
     return _ffi(
         "sluice_gmm", out_shape, out_dtype, lhs, rhs, group_sizes, group_offset,
         n=n, g_local=g_local, transpose_rhs=np.int32(transpose_rhs),
+        skip_unused_rows=np.int32(skip_unused),
     )  # fmt: skip
 
 
@@ -107,21 +108,24 @@ def _tgmm_call(lhs, rhs, group_sizes, group_offset, num_local_groups, out_dtype)
 
 
 # ---- gmm with its VJP ------------------------------------------------------------------------
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _gmm(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype):
-    return _gmm_call(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _gmm(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip_unused):
+    return _gmm_call(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip_unused)
 
 
-def _gmm_fwd(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype):
-    out = _gmm_call(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype)
+def _gmm_fwd(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip_unused):
+    out = _gmm_call(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip_unused)
     return out, (lhs, rhs, group_sizes, group_offset)
 
 
-def _gmm_bwd(transpose_rhs, out_dtype, res, dout):
+def _gmm_bwd(transpose_rhs, out_dtype, skip_unused, res, dout):
     lhs, rhs, group_sizes, group_offset = res
     dout = dout.astype(lhs.dtype)
-    # d lhs = d out @ rhs[g]^T: the same op with the other orientation of rhs.
-    dlhs = _gmm_call(dout, rhs, group_sizes, group_offset, not transpose_rhs, lhs.dtype)
+    # d lhs = d out @ rhs[g]^T: the same op with the other orientation of rhs (its rows outside
+    # the local groups, whose true gradient is zero, left unwritten too with skip_unused).
+    dlhs = _gmm_call(
+        dout, rhs, group_sizes, group_offset, not transpose_rhs, lhs.dtype, skip_unused
+    )
     g_local = rhs.shape[-3]
     if transpose_rhs:  # rhs[g] is [N, K]: d rhs[g] = d out[rows]^T @ lhs[rows]
         drhs = _tgmm_call(dout, lhs, group_sizes, group_offset, g_local, rhs.dtype)
@@ -142,7 +146,14 @@ _gmm.defvjp(_gmm_fwd, _gmm_bwd)
 
 
 def gmm(
-    lhs, rhs, group_sizes, *, transpose_rhs=False, group_offset=None, preferred_element_type=None
+    lhs,
+    rhs,
+    group_sizes,
+    *,
+    transpose_rhs=False,
+    group_offset=None,
+    preferred_element_type=None,
+    zero_unused_rows=True,
 ):
     """Grouped matmul, a drop-in for `jax.lax.ragged_dot(lhs, rhs, group_sizes)`.
 
@@ -153,6 +164,12 @@ def gmm(
       group_offset: int (or int32 array of shape () or (1,)): the first global group held in rhs.
         Rows of groups outside [offset, offset + G_local) come out zero. Default 0.
       preferred_element_type: output dtype (float32, bfloat16, float16); default lhs.dtype.
+      zero_unused_rows: True (ragged_dot's semantics): rows outside the local groups' rows (past
+        sum(group_sizes), or of other groups with group_offset) come out zero. False: on a GPU
+        they are left unwritten, their contents unspecified (maybe NaN), and so are those rows of
+        the gradient wrt lhs: for callers that never read them, such as an MoE layer whose expert
+        block is sized for the worst case (writing its unused half cost ~3% of an EP 4 training
+        step). The CPU path zeroes them either way.
     Returns:
       [M, N]. Accumulation is always in float32.
     """
@@ -179,8 +196,15 @@ def gmm(
             f"sluice.gmm: rhs holds {rhs.shape[0]} groups and group_sizes {group_sizes.shape[0]}; "
             "pass group_offset to compute a slice of the groups"
         )
+    if not isinstance(zero_unused_rows, (bool, np.bool_)):
+        raise TypeError(
+            f"sluice.gmm: zero_unused_rows must be a bool, got {type(zero_unused_rows).__name__}"
+        )
     out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
-    return _gmm(lhs, rhs, group_sizes, _offset_array(group_offset), bool(transpose_rhs), out_dtype)
+    return _gmm(
+        lhs, rhs, group_sizes, _offset_array(group_offset), bool(transpose_rhs), out_dtype,
+        not zero_unused_rows,
+    )  # fmt: skip
 
 
 # ---- tgmm with its VJP -----------------------------------------------------------------------

@@ -60,6 +60,33 @@ def test_gmm_gpu(dtype, transpose_rhs, m, k, n, g, used):
     assert rel_err(f(lhs, rhs, gs2), ref2) < 1e-2
 
 
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_gmm_zero_unused_rows_false_gpu(transpose_rhs):
+    """zero_unused_rows=False (the rows past the groups left unwritten): the groups' rows of the
+    output and of the input gradient, and the weight gradient, bit for bit those of the default."""
+    m, k, n, g, used = 1000, 256, 384, 8, 700
+    gs = groups(used, g)
+    lhs = rand((m, k))
+    rhs = rand((g, n, k) if transpose_rhs else (g, k, n))
+    cot = rand((m, n))
+
+    def run(zero):
+        def loss(a, b):
+            out = sluice.gmm(a, b, gs, transpose_rhs=transpose_rhs, zero_unused_rows=zero)
+            return jnp.sum((out[:used] * cot[:used]).astype(jnp.float32)), out
+
+        (_, out), grads = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(lhs, rhs)
+        return out, grads
+
+    out0, (gl0, gw0) = run(True)
+    out1, (gl1, gw1) = run(False)
+    assert not np.isnan(np.asarray(out0, np.float32)).any()
+    np.testing.assert_array_equal(np.asarray(out1[:used]), np.asarray(out0[:used]))
+    np.testing.assert_array_equal(np.asarray(gw1), np.asarray(gw0))
+    np.testing.assert_array_equal(np.asarray(gl1[:used]), np.asarray(gl0[:used]))
+    assert not np.asarray(out0[used:]).any()  # the default zeroes them
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_tgmm_gpu(dtype):
     gs = groups(900, 16)

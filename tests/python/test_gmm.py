@@ -131,6 +131,33 @@ def test_grad_matches_ragged_dot_vjp(transpose_rhs):
     assert rel_err(gw_s, gw_r) < 1e-5
 
 
+def test_zero_unused_rows_false_keeps_the_groups_rows_and_checks_its_type():
+    """zero_unused_rows=False leaves the rows past the groups unspecified on a GPU (the CPU path
+    zeroes them either way): the groups' rows, the weight gradient and the groups' rows of the
+    input gradient are those of the default."""
+    m, k, n, g = 40, 12, 10, 4
+    gs = random_groups(29, g, skew=True)
+    lhs, rhs = rand((m, k), jnp.float32), rand((g, k, n), jnp.float32)
+    cot = rand((m, n), jnp.float32)
+    used = int(np.sum(np.asarray(gs)))
+
+    def run(zero):
+        def loss(l, w):
+            out = sluice.gmm(l, w, gs, zero_unused_rows=zero)
+            return jnp.sum(out[:used] * cot[:used]), out
+
+        (_, out), grads = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(lhs, rhs)
+        return out, grads
+
+    out0, (gl0, gw0) = run(True)
+    out1, (gl1, gw1) = run(False)
+    np.testing.assert_array_equal(out1[:used], out0[:used])
+    np.testing.assert_array_equal(gw1, gw0)
+    np.testing.assert_array_equal(gl1[:used], gl0[:used])
+    with pytest.raises(TypeError, match="zero_unused_rows"):
+        sluice.gmm(lhs, rhs, gs, zero_unused_rows=0)
+
+
 def test_check_grads_gmm_and_tgmm():
     from jax.test_util import check_grads
 
