@@ -112,9 +112,9 @@ want capi && step capi_check timeout 120 python3 tests/gpu/ep_capi_check.py --ra
 want mp && step mp_test timeout 300 python3 tests/gpu/test_ep_mp.py ipc nccl
 want sanitizer && step sanitizer timeout 100 "$SAN" --tool memcheck --leak-check no --error-exitcode 9 \
   python3 tests/gpu/ep_capi_check.py --ranks 1 --quick --transport peer ipc
-want bench_capi && step bench_capi timeout 150 python3 bench/bench_ep.py --part capi --ranks $R --sms 20 24 32 \
-  --transports peer ipc nccl --transport-sms 24 --out "$OUT/ep-capi.json"
-want bench_mp && step bench_mp timeout 240 python3 bench/bench_ep.py --part mp --ranks $R --sms 24 --reps 5 --unroll 6 \
+want bench_capi && step bench_capi timeout 150 python3 bench/bench_ep.py --part capi --ranks $R --sms 20 24 32 64 \
+  --transports peer ipc nccl --transport-sms 64 --out "$OUT/ep-capi.json"
+want bench_mp && step bench_mp timeout 240 python3 bench/bench_ep.py --part mp --ranks $R --sms 64 --reps 5 --unroll 6 \
   --mp-timeout 110 --out "$OUT/ep-mp.json"
 want pytest && step pytest_gpu timeout 200 python3 -m pytest -x -q tests/gpu/test_ep_gpu.py
 # libnccl probes its kernels with cudaFuncGetAttributes (error 209 on kernels not built for this GPU):
@@ -123,7 +123,7 @@ want pytest && step pytest_gpu timeout 200 python3 -m pytest -x -q tests/gpu/tes
 want sanitizer && step sanitizer_nccl timeout 150 env SLUICE_EP_TIMEOUT=90 "$SAN" --tool memcheck \
   --leak-check no --report-api-errors no --error-exitcode 9 \
   python3 tests/gpu/ep_capi_check.py --ranks 1 --quick --transport nccl
-want bench_jax && step bench_jax timeout 200 python3 bench/bench_ep.py --part jax --ranks $R --sms 20 --reps 5 --out "$OUT/ep-jax.json"
+want bench_jax && step bench_jax timeout 200 python3 bench/bench_ep.py --part jax --ranks $R --sms 64 --reps 5 --out "$OUT/ep-jax.json"
 python3 bench/bench_ep.py --report "$OUT/ep-capi.json" "$OUT/ep-jax.json" "$OUT/ep-mp.json" --md "$OUT/ep.md" >>"$LOG" 2>&1
 
 echo
