@@ -114,14 +114,14 @@ class Rank:
             self.x = cp.asarray(x_bits)
             self.idx = cp.asarray(idx, cp.int32)
             self.w = cp.asarray(w, cp.float32)
-            self.recv_x = cp.full((n, h), 0xFFFF if itemsize == 2 else 0xFFFFFFFF, store)
+            poison = 0xFFFF if itemsize == 2 else 0xFFFFFFFF  # NaN bits: every output poisoned
+            self.recv_x = cp.full((n, h), poison, store)
             self.recv_idx = cp.full((n, k), -7, cp.int32)
             self.recv_w = cp.full((n, k), np.nan, cp.float32)
             self.num_recv = cp.full((1,), -7, cp.int32)
             self.counts = cp.full((l,), -7, cp.int32)
             self.send_row = cp.full((t, r), -7, cp.int32)
             self.recv_src = cp.full((n,), -7, cp.int32)
-            poison = 0xFFFF if itemsize == 2 else 0xFFFFFFFF  # NaN bits
             self.out = cp.full((t, h), poison, store)
             self.out_w = cp.full((t, k), np.nan, cp.float32)
             self.g = None

@@ -34,11 +34,12 @@ API
       The GPU exchange kernels use `num_sms` blocks (at most 8 ranks per group). Under XLA nothing
       runs beside them (one stream), so the default takes many: on 4 H100s 64 against 20 made the
       dsv3-proxy-ep4 step 2.9% faster (dispatch 0.86x, redispatch 0.74x the time at its shapes).
-      Every wait is bounded by `timeout_s` and ends in an error naming the rank and what it waited for (on a GPU the error
-      surfaces at the next sluice.ep call, or at once with SLUICE_DEBUG=1; NCCL: a watchdog aborts the
-      communicator); the communicator is then broken until setup is called again. An op whose shapes
-      need more staging than `buffer_bytes` fails naming the size it needs (ipc: about
-      N*(H*itemsize + 8k + 4) bytes, N = T*R; nccl: combine about 2*N*(H*itemsize + 4k)).
+      Every wait is bounded by `timeout_s` and ends in an error naming the rank and what it waited
+      for (on a GPU the error surfaces at the next sluice.ep call, or at once with SLUICE_DEBUG=1;
+      NCCL: a watchdog aborts the communicator); the communicator is then broken until setup is
+      called again. An op whose shapes need more staging than `buffer_bytes` fails naming the size
+      it needs (ipc: about N*(H*itemsize + 8k + 4) bytes, N = T*R; nccl: combine about
+      2*N*(H*itemsize + 4k)).
       GPU note: the exchange kernels of the ranks wait for each other, so pass inputs that already live
       on the mesh (sharded); a jit that first has to copy an input shard between GPUs can queue that
       copy behind a peer's waiting kernel and stall until the timeout.
