@@ -320,6 +320,10 @@ typedef struct sl_ep_fan_desc {
   sl_dtype x_dtype;
   sl_dtype out_dtype;
   int64_t max_rows; /* 0: M = N * min(k, L); else M = min(that, max_rows) */
+  /* CUDA: 1 = fan_out's xs rows past the pairs and fan_in_bwd's dys rows past sum(group_sizes) are
+   * left unwritten (for callers that read only the groups' rows, as gmm does); the CPU zeroes them
+   * anyway. 0 (default): zeroed. */
+  int skip_unused_rows;
 } sl_ep_fan_desc;
 
 sl_ep_fan_desc sl_ep_fan_desc_default(void);

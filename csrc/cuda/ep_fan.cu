@@ -465,7 +465,7 @@ extern "C" sl_status sl_ep_fan_out_cuda(const sl_ep_fan_desc *d, const void *rec
   fan_scan_kernel<<<1, 1024, 0, s>>>(a);
   if (a.chunks > 0) fan_place_kernel<<<(unsigned)a.chunks, 1024, 0, s>>>(a);
   if (a.N > 0) fan_copy_kernel<<<blocks_for(a.N, 8), 256, 0, s>>>(a);
-  if (a.M > 0)
+  if (a.M > 0 && !d->skip_unused_rows)
     fan_zero_tail_kernel<<<blocks_for(a.M, 8), 256, 0, s>>>(
         a.xs, a.M, a.row_bytes, a.ws + a.chunks * a.L + a.L, nullptr, 0);
   cudaError_t e = cudaGetLastError();
@@ -516,7 +516,7 @@ extern "C" sl_status sl_ep_fan_in_bwd_cuda(const sl_ep_fan_desc *d, const void *
     by_x_dtype(a.x_dtype, [&](auto xt) {
       fan_in_bwd_kernel<decltype(xt)::value><<<blocks_for(a.N, 8), 256, 0, s>>>(a);
     });
-  if (a.M > 0)
+  if (a.M > 0 && !d->skip_unused_rows)
     fan_zero_tail_kernel<<<blocks_for(a.M, 8), 256, 0, s>>>((char *)dys, a.M, row_bytes, nullptr,
                                                             group_sizes, d->num_local_experts);
   cudaError_t e = cudaGetLastError();

@@ -3,16 +3,19 @@
  * fan_in, fan_in_bwd. Shapes and dtypes are checked here; the C API does the rest.
  *
  * Exchange ops (attributes comm_id, num_ranks, num_experts, tag; `where` is int32 [2] = (group,
- * rank), read on the CPU only: on a GPU the rank is the device's place in the communicator):
- *   dispatch:   x [T,H], topk_idx s32 [T,k], topk_weights f32 [T,k], where
- *            -> recv_x [N,H], recv_idx s32 [N,k], recv_w f32 [N,k], num_recv s32 [1], counts s32
- * [L], send_row s32 [T,R], recv_src s32 [N]                          (N = T*R, L = E/R) combine: y
- * [N,H], (y_w f32 [N,k],) send_row [T,R], where -> out [T,H] (, out_w f32 [T,k]) redispatch: g
- * [T,H], recv_src [N], where -> out [N,H] Local ops (attribute num_local_experts): fan_out: recv_x
- * [N,H], recv_idx [N,k] -> xs [M,H], group_sizes s32 [L], pos s32 [N,k], workspace u8
- * [sl_ep_fan_workspace_size] (CUDA scratch) fan_in:     ys [M,H], w f32 [N,k], pos [N,k] -> out
- * [N,H] fan_in_bwd: dout [N,H], ys [M,H], w [N,k], pos [N,k], group_sizes [L] -> dys [M,H], dw f32
- * [N,k]
+ * rank), read on the CPU only: on a GPU the rank is the device's place in the communicator;
+ * N = T*R, L = E/R):
+ * - dispatch: x [T,H], topk_idx s32 [T,k], topk_weights f32 [T,k], where -> recv_x [N,H],
+ *   recv_idx s32 [N,k], recv_w f32 [N,k], num_recv s32 [1], counts s32 [L], send_row s32 [T,R],
+ *   recv_src s32 [N]
+ * - combine: y [N,H], (y_w f32 [N,k],) send_row [T,R], where -> out [T,H] (, out_w f32 [T,k])
+ * - redispatch: g [T,H], recv_src [N], where -> out [N,H]
+ * Local ops (attributes num_local_experts, max_rows, skip_unused_rows; sl_ep_fan_desc):
+ * - fan_out: recv_x [N,H], recv_idx [N,k] -> xs [M,H], group_sizes s32 [L], pos s32 [N,k],
+ *   workspace u8 [sl_ep_fan_workspace_size] (CUDA scratch)
+ * - fan_in: ys [M,H], w f32 [N,k], pos [N,k] -> out [N,H]
+ * - fan_in_bwd: dout [N,H], ys [M,H], w [N,k], pos [N,k], group_sizes [L] -> dys [M,H],
+ *   dw f32 [N,k]
  */
 #include <string.h>
 
@@ -206,6 +209,9 @@ static XLA_FFI_Error *fan_attrs(ctx c, sl_ep_fan_desc *d) {
   *d = sl_ep_fan_desc_default();
   TRY(sl_ffi_int_attr(c.f, c.op, "num_local_experts", &d->num_local_experts));
   TRY(sl_ffi_int_attr(c.f, c.op, "max_rows", &d->max_rows));
+  int64_t skip = 0;
+  TRY(sl_ffi_int_attr(c.f, c.op, "skip_unused_rows", &skip));
+  d->skip_unused_rows = skip != 0;
   if (d->num_local_experts < 1 || d->max_rows < 0)
     return sl_ffi_error(c.f, XLA_FFI_Error_Code_INVALID_ARGUMENT,
                         "sluice ep %s: need num_local_experts >= 1 and max_rows >= 0", c.op);

@@ -64,13 +64,14 @@ API
       y [N, H'] (one row per received row, any float dtype). Each row goes back to its source token;
       a token's rows are summed over ranks in fixed rank order in float32 and rounded once to y.dtype:
       bitwise deterministic. Tokens sent nowhere get zeros. Backward: a dispatch reusing the handle.
-  fan_out(recv, *, max_rows=None) -> (xs [M, H], group_sizes int32 [L], fan)
+  fan_out(recv, *, max_rows=None, zero_unused_rows=True) -> (xs [M, H], group_sizes int32 [L], fan)
       Local: each (row, slot) with a local expert becomes one row of xs, grouped by local expert (a row
       going to 2 local experts appears twice), within a group in (row, slot) order; M = N*min(k, L),
       the worst case (it grows with the rank count), or max_rows where smaller: the pairs that would
       land past it are left out (fan.pos -1, not in group_sizes; their count is
-      sum(recv.topk_idx >= 0) - sum(group_sizes)). Rows past sum(group_sizes) are zero. A counting
-      sort in C/CUDA (no argsort). Feed xs and group_sizes to sluice.gmm with rhs [L, ...].
+      sum(recv.topk_idx >= 0) - sum(group_sizes)). Rows past sum(group_sizes) are zero
+      (zero_unused_rows=False: on CUDA left unwritten, here and in fan_in's gradient in ys). A
+      counting sort in C/CUDA (no argsort). Feed xs and group_sizes to sluice.gmm with rhs [L, ...].
       Differentiable in recv.x.
   fan_out_tokens(x, topk_idx, topk_weights, *, num_experts) -> (xs, group_sizes, fan)
       fan_out for tokens that stay on their device (all E experts local, no dispatch): the one-device
@@ -196,6 +197,7 @@ class _FanDesc(ctypes.Structure):
         ("x_dtype", ctypes.c_int),
         ("out_dtype", ctypes.c_int),
         ("max_rows", ctypes.c_int64),
+        ("skip_unused_rows", ctypes.c_int),
     ]
 
 
@@ -533,7 +535,7 @@ class Dispatched(NamedTuple):
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=["pos", "weights", "group_sizes"],
-    meta_fields=["num_local_experts", "max_rows"],
+    meta_fields=["num_local_experts", "max_rows", "zero_unused_rows"],
 )
 @dataclasses.dataclass(frozen=True)
 class Fan:
@@ -545,6 +547,7 @@ class Fan:
     group_sizes: jax.Array
     num_local_experts: int
     max_rows: int = 0  # fan_out's bound on M (0: none)
+    zero_unused_rows: bool = True  # fan_out's rows past the pairs zeroed (False: on CUDA unwritten)
 
 
 # ---- raw FFI calls -------------------------------------------------------------------------------
@@ -627,7 +630,15 @@ def _fan_rows(n, k, l, max_rows=0):
     return min(worst, max_rows) if max_rows > 0 else worst
 
 
-def _fan_out_call(x, idx, l, max_rows):
+def _fan_attrs(l, max_rows, zero_unused_rows):
+    return {
+        "num_local_experts": np.int64(l),
+        "max_rows": np.int64(max_rows),
+        "skip_unused_rows": np.int64(not zero_unused_rows),
+    }
+
+
+def _fan_out_call(x, idx, l, max_rows, zero_unused_rows=True):
     n, h = x.shape
     k = idx.shape[1]
     v = _vary_kw(x, idx)
@@ -641,7 +652,7 @@ def _fan_out_call(x, idx, l, max_rows):
         ),
         vmap_method="sequential",
     )
-    return call(x, idx, num_local_experts=np.int64(l), max_rows=np.int64(max_rows))[:3]
+    return call(x, idx, **_fan_attrs(l, max_rows, zero_unused_rows))[:3]
 
 
 def _fan_in_call(ys, w, pos, l, out_dtype):
@@ -652,10 +663,10 @@ def _fan_in_call(ys, w, pos, l, out_dtype):
         vmap_method="sequential",
     )
     # ys holds fan_out's M rows: M passes as max_rows (the handler checks it against N, k and L)
-    return call(ys, w, pos, num_local_experts=np.int64(l), max_rows=np.int64(ys.shape[0]))[0]
+    return call(ys, w, pos, **_fan_attrs(l, ys.shape[0], True))[0]
 
 
-def _fan_in_bwd_call(dout, ys, w, pos, group_sizes, l):
+def _fan_in_bwd_call(dout, ys, w, pos, group_sizes, l, zero_unused_rows=True):
     v = _vary_kw(dout, ys, w, pos, group_sizes)
     call = jax.ffi.ffi_call(
         "sluice_ep_fan_in_bwd",
@@ -668,8 +679,7 @@ def _fan_in_bwd_call(dout, ys, w, pos, group_sizes, l):
         w,
         pos,
         group_sizes,
-        num_local_experts=np.int64(l),
-        max_rows=np.int64(ys.shape[0]),
+        **_fan_attrs(l, ys.shape[0], zero_unused_rows),
     )
 
 
@@ -781,17 +791,17 @@ def combine(y, handle: Handle):
 
 
 # ---- fan_out / fan_in with their VJPs ------------------------------------------------------------
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _fan_out(x, idx, l, max_rows):
-    return tuple(_fan_out_call(x, idx, l, max_rows))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _fan_out(x, idx, l, max_rows, zero_unused_rows):
+    return tuple(_fan_out_call(x, idx, l, max_rows, zero_unused_rows))
 
 
-def _fan_out_fwd(x, idx, l, max_rows):
-    xs, gs, pos = _fan_out_call(x, idx, l, max_rows)
+def _fan_out_fwd(x, idx, l, max_rows, zero_unused_rows):
+    xs, gs, pos = _fan_out_call(x, idx, l, max_rows, zero_unused_rows)
     return (xs, gs, pos), (pos, x[:0])
 
 
-def _fan_out_bwd(l, max_rows, res, cts):
+def _fan_out_bwd(l, max_rows, zero_unused_rows, res, cts):
     pos, x = res
     dxs = cts[0]  # xs has x's dtype, so does its cotangent
     # Each row of x was copied to the rows pos[i, :] of xs: its gradient is their sum (fan_in with 1s).
@@ -802,7 +812,13 @@ def _fan_out_bwd(l, max_rows, res, cts):
 _fan_out.defvjp(_fan_out_fwd, _fan_out_bwd)
 
 
-def _fan_out_checked(op, x, idx, weights, l, max_rows):
+def _fan_out_checked(op, x, idx, weights, l, max_rows, zero_unused_rows=True):
+    if not isinstance(zero_unused_rows, (bool, np.bool_)):
+        raise TypeError(
+            f"sluice.ep.{op}: zero_unused_rows must be a bool, got "
+            f"{type(zero_unused_rows).__name__}"
+        )
+    zero_unused_rows = bool(zero_unused_rows)
     if max_rows is None:
         max_rows = 0
     elif not isinstance(max_rows, (int, np.integer)) or max_rows < 1:
@@ -821,16 +837,26 @@ def _fan_out_checked(op, x, idx, weights, l, max_rows):
             f"sluice.ep.{op}: topk_weights must have topk_idx's shape {idx.shape}, got "
             f"{jnp.shape(weights)}"
         )
-    xs, gs, pos = _fan_out(x, idx, l, max_rows)
-    return xs, gs, Fan(pos, jnp.asarray(weights, jnp.float32), gs, l, max_rows)
+    xs, gs, pos = _fan_out(x, idx, l, max_rows, zero_unused_rows)
+    return xs, gs, Fan(pos, jnp.asarray(weights, jnp.float32), gs, l, max_rows, zero_unused_rows)
 
 
-def fan_out(recv: Dispatched, *, max_rows: int | None = None):
+def fan_out(recv: Dispatched, *, max_rows: int | None = None, zero_unused_rows: bool = True):
     """Expert-sorted rows for gmm: (xs [M, H], group_sizes int32 [L], fan). See the module docstring.
     max_rows bounds M (default: the worst case N*min(k, L)); the (row, slot) pairs past it are left
-    out (pos -1, not in group_sizes): their count is sum(topk_idx >= 0) - sum(group_sizes)."""
+    out (pos -1, not in group_sizes): their count is sum(topk_idx >= 0) - sum(group_sizes).
+    zero_unused_rows=False leaves xs's rows past sum(group_sizes), and those of fan_in's gradient
+    with respect to ys, unwritten on CUDA (whatever the buffer held; the CPU zeroes them anyway):
+    for callers that read only the groups' rows (gmm, tgmm, row-wise ops), where zeroing them is a
+    write of up to M rows for nothing."""
     return _fan_out_checked(
-        "fan_out", recv.x, recv.topk_idx, recv.topk_weights, int(recv.counts.shape[0]), max_rows
+        "fan_out",
+        recv.x,
+        recv.topk_idx,
+        recv.topk_weights,
+        int(recv.counts.shape[0]),
+        max_rows,
+        zero_unused_rows,
     )
 
 
@@ -846,18 +872,18 @@ def fan_out_tokens(x, topk_idx, topk_weights, *, num_experts: int):
     return _fan_out_checked("fan_out_tokens", x, topk_idx, topk_weights, num_experts, None)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _fan_in(ys, w, pos, group_sizes, l, out_dtype):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _fan_in(ys, w, pos, group_sizes, l, out_dtype, zero_unused_rows):
     return _fan_in_call(ys, w, pos, l, out_dtype)
 
 
-def _fan_in_fwd(ys, w, pos, group_sizes, l, out_dtype):
+def _fan_in_fwd(ys, w, pos, group_sizes, l, out_dtype, zero_unused_rows):
     return _fan_in_call(ys, w, pos, l, out_dtype), (ys, w, pos, group_sizes)
 
 
-def _fan_in_bwd(l, out_dtype, res, dout):
+def _fan_in_bwd(l, out_dtype, zero_unused_rows, res, dout):
     ys, w, pos, group_sizes = res
-    dys, dw = _fan_in_bwd_call(dout, ys, w, pos, group_sizes, l)
+    dys, dw = _fan_in_bwd_call(dout, ys, w, pos, group_sizes, l, zero_unused_rows)
     return match_vma(dys, ys), match_vma(dw, w), None, None
 
 
@@ -883,7 +909,9 @@ def fan_in(ys, fan: Fan, *, out_dtype=None):
             f"sluice.ep.fan_in: out_dtype must be float32, bfloat16 or float16, got {out_dtype}"
         )
     w = jnp.asarray(fan.weights, jnp.float32)
-    return _fan_in(ys, w, fan.pos, fan.group_sizes, fan.num_local_experts, out_dtype)
+    return _fan_in(
+        ys, w, fan.pos, fan.group_sizes, fan.num_local_experts, out_dtype, fan.zero_unused_rows
+    )
 
 
 # ---- pure-jnp references (whole arrays over all ranks, for tests) -----------------------------------

@@ -48,6 +48,96 @@ def routing(r, t, k, e, mode):
     return idx
 
 
+def check_fan(tag, dv, rk, ref, n, h, k, l, skip):
+    """fan_out / fan_in / fan_in_bwd on rank dv's received rows; skip: sl_ep_fan_desc's
+    skip_unused_rows (the rows past the pairs must keep their poison)."""
+    # odd ranks bound fan_out's rows to half their pairs (max_rows): the rest is left out
+    pairs = int((rk.recv_idx.get() >= 0).sum())
+    mr = 0 if dv % 2 == 0 else max(1, pairs // 2)
+    fd = C.FanDesc(ctypes.sizeof(C.FanDesc), n, h, k, l, C.BF16, C.BF16, mr, skip)
+    m = n * min(k, l) if mr == 0 else min(n * min(k, l), mr)
+    with cp.cuda.Device(rk.dev):
+        xs = cp.full((m, h), 0xFFFF, cp.uint16)
+        gsz = cp.full((l,), -7, cp.int32)
+        pos = cp.full((n, k), -7, cp.int32)
+        ws = cp.zeros((int(C.lib.sl_ep_fan_workspace_size(ctypes.byref(fd))),), cp.uint8)
+        C.check(
+            C.lib.sl_ep_fan_out_cuda(
+                ctypes.byref(fd),
+                C.ptr(rk.recv_x),
+                C.ptr(rk.recv_idx),
+                C.ptr(xs),
+                C.ptr(gsz),
+                C.ptr(pos),
+                C.ptr(ws),
+                C.vp(rk.stream.ptr),
+            ),
+            "fan_out",
+        )
+        ys_h = RNG.standard_normal((m, h)).astype(ml_dtypes.bfloat16)
+        ys = cp.asarray(ys_h.view(np.uint16))
+        out = cp.full((n, h), 0xFFFF, cp.uint16)
+        C.check(
+            C.lib.sl_ep_fan_in_cuda(
+                ctypes.byref(fd),
+                C.ptr(ys),
+                C.ptr(rk.recv_w),
+                C.ptr(pos),
+                C.ptr(out),
+                C.vp(rk.stream.ptr),
+            ),
+            "fan_in",
+        )
+        dout_h = RNG.standard_normal((n, h)).astype(ml_dtypes.bfloat16)
+        dout = cp.asarray(dout_h.view(np.uint16))
+        dys = cp.full((m, h), 0xFFFF, cp.uint16)
+        dw = cp.full((n, k), np.nan, cp.float32)
+        C.check(
+            C.lib.sl_ep_fan_in_bwd_cuda(
+                ctypes.byref(fd),
+                C.ptr(dout),
+                C.ptr(ys),
+                C.ptr(rk.recv_w),
+                C.ptr(pos),
+                C.ptr(gsz),
+                C.ptr(dys),
+                C.ptr(dw),
+                C.vp(rk.stream.ptr),
+            ),
+            "fan_in_bwd",
+        )
+        rk.sync()
+    rxs, rgs, rpos = ep.fan_out_reference(ref[0][dv], ref[1][dv], l, mr)
+    total = int(np.asarray(rgs).sum())  # rows past it: zeros, or with skip the poison
+    want = np.asarray(rxs).view(np.uint16).copy()
+    if skip:
+        want[total:] = 0xFFFF
+    expect(np.array_equal(xs.get(), want), f"{tag}: fan_out xs[{dv}]")
+    expect(np.array_equal(gsz.get(), np.asarray(rgs)), f"{tag}: fan_out sizes[{dv}]")
+    expect(np.array_equal(pos.get(), np.asarray(rpos)), f"{tag}: fan_out pos[{dv}]")
+    fin = np.asarray(ep.fan_in_reference(jnp.asarray(ys_h), ref[2][dv], rpos, jnp.float32))
+    got = out.get().view(ml_dtypes.bfloat16).astype(np.float32)
+    expect(np.allclose(got, fin, rtol=1e-2, atol=1e-2), f"{tag}: fan_in[{dv}]")
+    g32 = dout_h.astype(np.float32)
+    rp = np.asarray(rpos)
+    rw = np.asarray(ref[2][dv])
+    dw_ref = np.where(
+        rp >= 0, np.einsum("nh,nkh->nk", g32, ys_h.astype(np.float32)[np.maximum(rp, 0)]), 0
+    )
+    expect(np.allclose(dw.get(), dw_ref, rtol=1e-3, atol=1e-3), f"{tag}: fan_in_bwd dw[{dv}]")
+    dys_ref = np.zeros((m, h), np.float32)
+    for i, j in zip(*np.nonzero(rp >= 0)):
+        dys_ref[rp[i, j]] = rw[i, j] * g32[i]
+    raw = dys.get()
+    got = raw.view(ml_dtypes.bfloat16).astype(np.float32)
+    upto = total if skip else m
+    expect(
+        np.allclose(got[:upto], dys_ref[:upto], rtol=1e-2, atol=1e-2),
+        f"{tag}: fan_in_bwd dys[{dv}]",
+    )
+    expect(not skip or bool(np.all(raw[total:] == 0xFFFF)), f"{tag}: fan_in_bwd dys poison[{dv}]")
+
+
 def run_case(r, t, h, k, e, mode, num_sms, transport="peer"):
     n, l = t * r, e // r
     comm = C.make_comm(r, num_sms=num_sms, transport=transport, buffer_bytes=64 << 20)
@@ -129,85 +219,10 @@ def run_case(r, t, h, k, e, mode, num_sms, transport="peer"):
         ok = (bad[dv] >= 0) & (bad[dv] < n)
         wantg = np.where(ok[:, None], flat[np.where(ok, bad[dv], 0)], np.zeros_like(flat[:1]))
         expect(np.array_equal(rk.rd.get(), wantg.view(np.uint16)), f"{tag}: redispatch bad[{dv}]")
-    # fan_out / fan_in / fan_in_bwd on each rank's received rows
+    # fan_out / fan_in / fan_in_bwd on each rank's received rows, rows past the pairs zeroed or not
     for dv, rk in enumerate(ranks):
-        # odd ranks bound fan_out's rows to half their pairs (max_rows): the rest is left out
-        pairs = int((rk.recv_idx.get() >= 0).sum())
-        mr = 0 if dv % 2 == 0 else max(1, pairs // 2)
-        fd = C.FanDesc(ctypes.sizeof(C.FanDesc), n, h, k, l, C.BF16, C.BF16, mr)
-        m = n * min(k, l) if mr == 0 else min(n * min(k, l), mr)
-        with cp.cuda.Device(rk.dev):
-            xs = cp.full((m, h), 0xFFFF, cp.uint16)
-            gsz = cp.full((l,), -7, cp.int32)
-            pos = cp.full((n, k), -7, cp.int32)
-            ws = cp.zeros((int(C.lib.sl_ep_fan_workspace_size(ctypes.byref(fd))),), cp.uint8)
-            C.check(
-                C.lib.sl_ep_fan_out_cuda(
-                    ctypes.byref(fd),
-                    C.ptr(rk.recv_x),
-                    C.ptr(rk.recv_idx),
-                    C.ptr(xs),
-                    C.ptr(gsz),
-                    C.ptr(pos),
-                    C.ptr(ws),
-                    C.vp(rk.stream.ptr),
-                ),
-                "fan_out",
-            )
-            ys_h = RNG.standard_normal((m, h)).astype(ml_dtypes.bfloat16)
-            ys = cp.asarray(ys_h.view(np.uint16))
-            out = cp.full((n, h), 0xFFFF, cp.uint16)
-            C.check(
-                C.lib.sl_ep_fan_in_cuda(
-                    ctypes.byref(fd),
-                    C.ptr(ys),
-                    C.ptr(rk.recv_w),
-                    C.ptr(pos),
-                    C.ptr(out),
-                    C.vp(rk.stream.ptr),
-                ),
-                "fan_in",
-            )
-            dout_h = RNG.standard_normal((n, h)).astype(ml_dtypes.bfloat16)
-            dout = cp.asarray(dout_h.view(np.uint16))
-            dys = cp.full((m, h), 0xFFFF, cp.uint16)
-            dw = cp.full((n, k), np.nan, cp.float32)
-            C.check(
-                C.lib.sl_ep_fan_in_bwd_cuda(
-                    ctypes.byref(fd),
-                    C.ptr(dout),
-                    C.ptr(ys),
-                    C.ptr(rk.recv_w),
-                    C.ptr(pos),
-                    C.ptr(gsz),
-                    C.ptr(dys),
-                    C.ptr(dw),
-                    C.vp(rk.stream.ptr),
-                ),
-                "fan_in_bwd",
-            )
-            rk.sync()
-        rxs, rgs, rpos = ep.fan_out_reference(ref[0][dv], ref[1][dv], l, mr)
-        expect(
-            np.array_equal(xs.get(), np.asarray(rxs).view(np.uint16)), f"{tag}: fan_out xs[{dv}]"
-        )
-        expect(np.array_equal(gsz.get(), np.asarray(rgs)), f"{tag}: fan_out sizes[{dv}]")
-        expect(np.array_equal(pos.get(), np.asarray(rpos)), f"{tag}: fan_out pos[{dv}]")
-        fin = np.asarray(ep.fan_in_reference(jnp.asarray(ys_h), ref[2][dv], rpos, jnp.float32))
-        got = out.get().view(ml_dtypes.bfloat16).astype(np.float32)
-        expect(np.allclose(got, fin, rtol=1e-2, atol=1e-2), f"{tag}: fan_in[{dv}]")
-        g32 = dout_h.astype(np.float32)
-        rp = np.asarray(rpos)
-        rw = np.asarray(ref[2][dv])
-        dw_ref = np.where(
-            rp >= 0, np.einsum("nh,nkh->nk", g32, ys_h.astype(np.float32)[np.maximum(rp, 0)]), 0
-        )
-        expect(np.allclose(dw.get(), dw_ref, rtol=1e-3, atol=1e-3), f"{tag}: fan_in_bwd dw[{dv}]")
-        dys_ref = np.zeros((m, h), np.float32)
-        for i, j in zip(*np.nonzero(rp >= 0)):
-            dys_ref[rp[i, j]] = rw[i, j] * g32[i]
-        got = dys.get().view(ml_dtypes.bfloat16).astype(np.float32)
-        expect(np.allclose(got, dys_ref, rtol=1e-2, atol=1e-2), f"{tag}: fan_in_bwd dys[{dv}]")
+        for skip in (0, 1):
+            check_fan(f"{tag} skip={skip}", dv, rk, ref, n, h, k, l, skip)
     C.check(C.lib.sl_ep_comm_destroy(comm), "destroy")
 
 

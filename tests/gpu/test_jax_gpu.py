@@ -184,6 +184,51 @@ def test_fan_ops_gpu(dtype, t, h, k, e):
         assert rel_err(np.asarray(a, np.float32), np.asarray(b, np.float32)) < tol
 
 
+def test_fan_out_unused_rows_unwritten_gpu():
+    """fan_out(zero_unused_rows=False): the pairs' rows, the sizes, the layout and every gradient as
+    the references (rows past the pairs, and those of fan_in's gradient in ys, are left as they
+    were: not compared)."""
+    from sluice import ep
+
+    n, h, k, l = 400, 264, 6, 8
+    x = jnp.asarray(RNG.standard_normal((n, h)), jnp.bfloat16)
+    idx = np.stack([RNG.choice(l, k, replace=False) for _ in range(n)]).astype(np.int32)
+    idx[RNG.random(idx.shape) < 0.5] = -1  # about half the worst case's rows unused
+    idx = jnp.asarray(idx)
+    w = jnp.asarray(RNG.random((n, k)), jnp.float32)
+
+    def fan(x, w):
+        recv = ep.Dispatched(x, idx, w, jnp.int32(n), jnp.zeros((l,), jnp.int32), None)
+        return ep.fan_out(recv, zero_unused_rows=False)
+
+    xs, gs, f = jax.jit(fan)(x, w)
+    rxs, rgs, rpos = ep.fan_out_reference(x, idx, l)
+    used = int(np.sum(np.asarray(rgs)))
+    assert 0 < used < xs.shape[0]
+    np.testing.assert_array_equal(
+        np.asarray(xs[:used], np.float32), np.asarray(rxs[:used], np.float32)
+    )
+    np.testing.assert_array_equal(np.asarray(gs), np.asarray(rgs))
+    np.testing.assert_array_equal(np.asarray(f.pos), np.asarray(rpos))
+    ys = jnp.asarray(RNG.standard_normal(xs.shape), jnp.bfloat16)
+    cot = jnp.asarray(RNG.standard_normal((n, h)), jnp.float32)
+
+    def mine(x, w, ys):
+        xs, _, f = fan(x, w)
+        return jnp.sum(ep.fan_in(ys + xs * xs, f, out_dtype=jnp.float32) * cot)
+
+    def ref(x, w, ys):
+        xs, _, pos = ep.fan_out_reference(x, idx, l)
+        return jnp.sum(ep.fan_in_reference(ys + xs * xs, w, pos, jnp.float32) * cot)
+
+    g = jax.jit(jax.grad(mine, argnums=(0, 1, 2)))(x, w, ys)
+    gr = jax.grad(ref, argnums=(0, 1, 2))(x, w, ys)
+    for a, b in zip(g[:2], gr[:2]):
+        assert rel_err(np.asarray(a, np.float32), np.asarray(b, np.float32)) < 2e-2
+    a, b = np.asarray(g[2][:used], np.float32), np.asarray(gr[2][:used], np.float32)
+    assert rel_err(a, b) < 2e-2
+
+
 def test_model_cudnn_attention_matches_xla_gpu():
     """The model's default attention on a GPU (cuDNN's fused kernel, ModelConfig.attention "auto")
     against XLA's on the same weights and tokens: logits and every parameter's gradient."""

@@ -202,10 +202,12 @@ def test_pipeline_bf16_and_determinism():
     assert rel_err(out.astype(jnp.float32), want) < 2e-2
 
 
+@pytest.mark.parametrize("zero", [True, False], ids=["zeroed", "unwritten"])
 @pytest.mark.parametrize("max_rows", [None, 17, 1000], ids=["worst", "cut", "above"])
-def test_fan_ops_vs_reference_and_grads(max_rows):
+def test_fan_ops_vs_reference_and_grads(max_rows, zero):
     """fan_out / fan_in alone (no exchange): values, and VJPs against autodiff of the references;
-    with max_rows, the pairs past the bound are left out and counted."""
+    with max_rows, the pairs past the bound are left out and counted. zero_unused_rows=False
+    changes nothing here (the CPU zeroes the rows anyway; the GPU suite checks they are left)."""
     nrows, h, k, l = 23, 8, 3, 5
     x = jnp.asarray(RNG.standard_normal((nrows, h)), jnp.float32)
     idx = np.full((nrows, k), -1, np.int32)
@@ -218,7 +220,10 @@ def test_fan_ops_vs_reference_and_grads(max_rows):
     idx = jnp.asarray(idx)
     w = jnp.asarray(RNG.random((nrows, k)), jnp.float32)
     recv = ep.Dispatched(x, idx, w, jnp.int32(nrows), jnp.zeros((l,), jnp.int32), None)
-    xs, gs, fan = jax.jit(functools.partial(ep.fan_out, max_rows=max_rows))(recv)
+    xs, gs, fan = jax.jit(functools.partial(ep.fan_out, max_rows=max_rows, zero_unused_rows=zero))(
+        recv
+    )
+    assert fan.zero_unused_rows is zero
     rxs, rgs, rpos = ep.fan_out_reference(x, idx, l, max_rows or 0)
     pairs = int(jnp.sum(idx >= 0))
     assert xs.shape[0] == min(nrows * min(k, l), max_rows or 10**9)
@@ -240,7 +245,7 @@ def test_fan_ops_vs_reference_and_grads(max_rows):
 
     def mine(x, w, ys):
         r = ep.Dispatched(x, idx, w, jnp.int32(nrows), jnp.zeros((l,), jnp.int32), None)
-        xs, _, fan = ep.fan_out(r, max_rows=max_rows)
+        xs, _, fan = ep.fan_out(r, max_rows=max_rows, zero_unused_rows=zero)
         return jnp.sum(ep.fan_in(ys + xs * xs, fan) * cot)
 
     def ref(x, w, ys):
@@ -440,3 +445,5 @@ def test_fan_out_max_rows_must_be_positive():
     for bad in (0, -3, 2.5):
         with pytest.raises(ValueError, match="fan_out: max_rows must be an int >= 1"):
             ep.fan_out(recv, max_rows=bad)
+    with pytest.raises(TypeError, match="fan_out: zero_unused_rows must be a bool"):
+        ep.fan_out(recv, zero_unused_rows=0)
