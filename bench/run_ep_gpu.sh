@@ -64,7 +64,8 @@ sl_status sl_tgmm_cuda(const sl_gmm_desc *d, const void *a, const void *b, const
 }
 STUB
   local objs=() f o
-  for f in csrc/core/status.c csrc/core/gmm_cpu.c csrc/core/ep_comm.c csrc/core/ep_cpu.c csrc/ffi/*.c $b/gmm_stub.c; do
+  for f in csrc/core/status.c csrc/core/gmm_cpu.c csrc/core/ep_comm.c csrc/core/ep_cpu.c \
+    csrc/core/swiglu_cpu.c csrc/ffi/*.c $b/gmm_stub.c; do
     o=$b/$(basename "$f").o
     gcc -O2 -std=gnu11 -fPIC -fopenmp -Iinclude -Icsrc/core -Icsrc/ffi -I"$ffi" -c "$f" -o "$o" || return 1
     objs+=("$o")
@@ -81,7 +82,7 @@ STUB
     if [ -n "${nccldef[*]}" ] && [ -f "$f" ]; then nccldef+=("-DSLUICE_NCCL_PATH=\"$f\""); break; fi
   done
   echo "ep-only build: NCCL ${nccldef[*]:-none}"
-  for f in csrc/cuda/ep_*.cu; do
+  for f in csrc/cuda/ep_*.cu csrc/cuda/swiglu.cu; do
     o=$b/$(basename "$f").o
     nvcc -O3 -std=c++17 -Xcompiler -fPIC -gencode arch=compute_90a,code=sm_90a -Iinclude -Icsrc/core \
       "${nccldef[@]}" -c "$f" -o "$o" &

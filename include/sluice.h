@@ -145,6 +145,34 @@ sl_status sl_tgmm_cuda(const sl_gmm_desc *desc, const void *lhs, const void *rhs
 /* 1 if the library was built with CUDA kernels, else 0. */
 int sl_has_cuda(void);
 
+/* ------------------------------------------------------------------------------------------------
+ * swiglu: the SwiGLU activation of an expert block, over the groups' rows only.
+ *   fwd: h [M, 2F] (each row [gate | up]) -> act [M, F], act = silu(gate) * up, in f32, rounded once.
+ *   bwd: dact [M, F], h -> dh [M, 2F]: d gate = dact * up * silu'(gate), d up = dact * silu(gate).
+ * Only the first U = sum(group_sizes) rows are computed (the rows gmm writes for sorted groups);
+ * rows past U are zero, or on CUDA with skip_unused_rows left unwritten. The CPU rejects negative
+ * sizes and U > M (SL_STATUS_INVALID_VALUE); CUDA counts negative sizes as 0 and clamps U to M. One
+ * dtype (f32, bf16 or f16) for h, act, dact and dh.
+ * ----------------------------------------------------------------------------------------------*/
+typedef struct sl_swiglu_desc {
+  size_t struct_size; /* sizeof(sl_swiglu_desc) */
+  int64_t rows;       /* M */
+  int64_t ff;         /* F: h has 2F columns */
+  int64_t num_groups; /* G >= 1: group_sizes [G] */
+  sl_dtype dtype;
+  int skip_unused_rows; /* CUDA: 1 = rows past sum(group_sizes) left unwritten */
+} sl_swiglu_desc;
+
+sl_swiglu_desc sl_swiglu_desc_default(void);
+sl_status sl_swiglu_fwd_cpu(const sl_swiglu_desc *desc, const void *h, const int32_t *group_sizes,
+                            void *act);
+sl_status sl_swiglu_bwd_cpu(const sl_swiglu_desc *desc, const void *dact, const void *h,
+                            const int32_t *group_sizes, void *dh);
+sl_status sl_swiglu_fwd_cuda(const sl_swiglu_desc *desc, const void *h, const int32_t *group_sizes,
+                             void *act, void *stream);
+sl_status sl_swiglu_bwd_cuda(const sl_swiglu_desc *desc, const void *dact, const void *h,
+                             const int32_t *group_sizes, void *dh, void *stream);
+
 
 /* ================================================================================================
  * Expert parallelism: dispatch and combine

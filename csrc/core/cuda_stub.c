@@ -27,3 +27,15 @@ sl_status sl_tgmm_cuda(const sl_gmm_desc *desc, const void *lhs, const void *rhs
   (void)workspace, (void)stream;
   return not_built("tgmm");
 }
+
+sl_status sl_swiglu_fwd_cuda(const sl_swiglu_desc *desc, const void *h, const int32_t *group_sizes,
+                             void *act, void *stream) {
+  (void)desc, (void)h, (void)group_sizes, (void)act, (void)stream;
+  return not_built("swiglu");
+}
+
+sl_status sl_swiglu_bwd_cuda(const sl_swiglu_desc *desc, const void *dact, const void *h,
+                             const int32_t *group_sizes, void *dh, void *stream) {
+  (void)desc, (void)dact, (void)h, (void)group_sizes, (void)dh, (void)stream;
+  return not_built("swiglu_bwd");
+}

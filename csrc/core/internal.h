@@ -22,6 +22,9 @@ void sl_clear_error(void);
 /* 1 when SLUICE_DEBUG=1 is set in the environment (read once). */
 int sl_debug_enabled(void);
 
+/* swiglu's shape and dtype checks (swiglu_cpu.c), for the CPU and CUDA entry points alike. */
+sl_status sl_swiglu_desc_check(const sl_swiglu_desc *desc, const char *op);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,13 +2,25 @@
 
 sluice.gmm / sluice.tgmm    grouped GEMM (ragged rows / ragged contraction), differentiable
 sluice.gmm_reference ...    pure-jnp references of the same ops
+sluice.swiglu               an expert block's SwiGLU activation over its groups' rows only
 sluice.ep                   expert-parallel dispatch / combine and the local fan-out / fan-in
 """
 
 from . import ep
 from ._lib import has_cuda
 from .gmm import gmm, gmm_reference, tgmm, tgmm_reference
+from .swiglu import swiglu, swiglu_reference
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "ep", "gmm", "gmm_reference", "has_cuda", "tgmm", "tgmm_reference"]
+__all__ = [
+    "__version__",
+    "ep",
+    "gmm",
+    "gmm_reference",
+    "has_cuda",
+    "swiglu",
+    "swiglu_reference",
+    "tgmm",
+    "tgmm_reference",
+]

@@ -37,9 +37,12 @@ static void *alloc_random(sl_dtype t, size_t n) {
   void *p = malloc(sl_dtype_size(t) * (n ? n : 1));
   for (size_t i = 0; i < n; ++i) {
     float v = rand_float();
-    if (t == SL_DTYPE_F32) ((float *)p)[i] = v;
-    else if (t == SL_DTYPE_BF16) ((uint16_t *)p)[i] = to_bf16(v);
-    else ((uint16_t *)p)[i] = to_f16(v);
+    if (t == SL_DTYPE_F32)
+      ((float *)p)[i] = v;
+    else if (t == SL_DTYPE_BF16)
+      ((uint16_t *)p)[i] = to_bf16(v);
+    else
+      ((uint16_t *)p)[i] = to_f16(v);
   }
   return p;
 }
@@ -213,11 +216,62 @@ static void test_bad_inputs(void) {
   CHECK(sl_gmm_cpu(&d, lhs, rhs, gs, off, NULL, 1) == SL_STATUS_INVALID_ARGUMENT, "NULL out");
   e = d;
   e.transpose_rhs = 1;
-  CHECK(sl_tgmm_cpu(&e, lhs, lhs, gs, off, out, 1) == SL_STATUS_INVALID_ARGUMENT,
-        "tgmm transpose");
+  CHECK(sl_tgmm_cpu(&e, lhs, lhs, gs, off, out, 1) == SL_STATUS_INVALID_ARGUMENT, "tgmm transpose");
   CHECK(strcmp(sl_status_string(SL_STATUS_TIMEOUT), "SL_STATUS_TIMEOUT") == 0, "status string");
-  CHECK(sl_gmm_cuda(&d, lhs, rhs, gs, off, out, NULL, NULL) == SL_STATUS_UNSUPPORTED || sl_has_cuda(),
-        "cuda stub");
+  CHECK(
+      sl_gmm_cuda(&d, lhs, rhs, gs, off, out, NULL, NULL) == SL_STATUS_UNSUPPORTED || sl_has_cuda(),
+      "cuda stub");
+}
+
+/* swiglu (f32) against the formula in double: the groups' rows computed, the rest zero whatever
+ * skip_unused_rows says (the CPU zeroes them), outputs poisoned first; and its errors. */
+static void test_swiglu(void) {
+  for (int it = 0; it < 20; ++it) {
+    sl_swiglu_desc d = sl_swiglu_desc_default();
+    d.rows = rand_int(0, 40), d.ff = rand_int(0, 13), d.num_groups = rand_int(1, 5);
+    d.skip_unused_rows = it % 2;
+    const int64_t M = d.rows, F = d.ff;
+    int32_t gs[5];
+    int64_t used = 0;
+    for (int g = 0; g < d.num_groups; ++g) {
+      gs[g] = used < M ? rand_int(0, (int)(M - used)) : 0;
+      used += gs[g];
+    }
+    float *h = malloc(sizeof(float) * (size_t)(2 * M * F + 1)),
+          *da = malloc(sizeof(float) * (size_t)(M * F + 1)),
+          *act = malloc(sizeof(float) * (size_t)(M * F + 1)),
+          *dh = malloc(sizeof(float) * (size_t)(2 * M * F + 1));
+    for (int64_t i = 0; i < 2 * M * F; ++i) h[i] = 4.0f * rand_float(), dh[i] = NAN;
+    for (int64_t i = 0; i < M * F; ++i) da[i] = rand_float(), act[i] = NAN;
+    CHECK(sl_swiglu_fwd_cpu(&d, h, gs, act) == SL_STATUS_SUCCESS, "swiglu: %s", sl_last_error());
+    CHECK(sl_swiglu_bwd_cpu(&d, da, h, gs, dh) == SL_STATUS_SUCCESS, "swiglu_bwd: %s",
+          sl_last_error());
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t j = 0; j < F; ++j) {
+        const double g = h[r * 2 * F + j], u = h[r * 2 * F + F + j], a = da[r * F + j];
+        const double s = 1.0 / (1.0 + exp(-g)), on = r < used;
+        const double want = on * g * s * u, wdg = on * a * u * s * (1.0 + g * (1.0 - s)),
+                     wdu = on * a * g * s;
+        CHECK(fabs(act[r * F + j] - want) <= 1e-5 * (1.0 + fabs(want)), "swiglu[%lld,%lld]",
+              (long long)r, (long long)j);
+        CHECK(fabs(dh[r * 2 * F + j] - wdg) <= 1e-5 * (1.0 + fabs(wdg)), "swiglu_bwd dgate");
+        CHECK(fabs(dh[r * 2 * F + F + j] - wdu) <= 1e-5 * (1.0 + fabs(wdu)), "swiglu_bwd dup");
+      }
+    free(h), free(da), free(act), free(dh);
+  }
+  sl_swiglu_desc d = sl_swiglu_desc_default();
+  d.rows = 4, d.ff = 2, d.num_groups = 2;
+  float h[16] = {0}, act[8], dh[16];
+  int32_t neg[2] = {3, -1}, over[2] = {3, 2}, ok[2] = {1, 2};
+  CHECK(sl_swiglu_fwd_cpu(&d, h, neg, act) == SL_STATUS_INVALID_VALUE, "swiglu negative size");
+  CHECK(strstr(sl_last_error(), "group_sizes[1] = -1") != NULL, "message: %s", sl_last_error());
+  CHECK(sl_swiglu_bwd_cpu(&d, act, h, over, dh) == SL_STATUS_INVALID_VALUE, "swiglu sum > M");
+  CHECK(sl_swiglu_fwd_cpu(&d, h, NULL, act) == SL_STATUS_INVALID_ARGUMENT, "swiglu NULL sizes");
+  d.struct_size = 8;
+  CHECK(sl_swiglu_fwd_cpu(&d, h, ok, act) == SL_STATUS_INVALID_ARGUMENT, "swiglu struct_size");
+  d = sl_swiglu_desc_default();
+  d.rows = 4, d.ff = 2, d.num_groups = 2, d.dtype = SL_DTYPE_I32;
+  CHECK(sl_swiglu_fwd_cpu(&d, h, ok, act) == SL_STATUS_INVALID_ARGUMENT, "swiglu i32");
 }
 
 int main(void) {
@@ -244,6 +298,7 @@ int main(void) {
     test_case(name, in, out, rand_int(1, 2), M, K, N, G, GL, rand_int(0, 1), rand_int(0, M));
   }
   test_bad_inputs();
+  test_swiglu();
   printf("test_gmm: %d checks, %d failures\n", checks, failures);
   return failures ? 1 : 0;
 }

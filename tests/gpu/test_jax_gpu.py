@@ -1,6 +1,6 @@
 """sluice.gmm / sluice.tgmm through JAX on a GPU: the CUDA FFI handlers under jit (XLA may capture
 them into CUDA graphs: they declare themselves command-buffer compatible), grad, vmap, and clamping of
-wrong device-side group sizes; sluice.ep's local fan ops and their VJP; the model's attention; the MoE
+wrong device-side group sizes; sluice.swiglu; sluice.ep's local fan ops and their VJP; the model's attention; the MoE
 layer's sluice path (one GPU and expert-parallel over every GPU) against ragged_dot. Run on a GPU machine:  PYTHONPATH=python python3 -m pytest tests/gpu"""
 
 import jax
@@ -227,6 +227,86 @@ def test_fan_out_unused_rows_unwritten_gpu():
         assert rel_err(np.asarray(a, np.float32), np.asarray(b, np.float32)) < 2e-2
     a, b = np.asarray(g[2][:used], np.float32), np.asarray(gr[2][:used], np.float32)
     assert rel_err(a, b) < 2e-2
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("m,f,g", [(3000, 256, 8), (517, 100, 3), (64, 7, 1), (33, 264, 5)])
+def test_swiglu_gpu(dtype, m, f, g):
+    """sluice.swiglu's CUDA kernels (16-byte vectors where F allows, else one element a thread)
+    against the reference: values and gradient; with zero_unused_rows=False only the groups' rows
+    are compared (the rest is whatever the buffer held)."""
+    h = rand((m, 2 * f), dtype) * 3
+    gs = groups(m - m // 5, g)
+    used = int(np.sum(np.asarray(gs)))
+    cot = rand((m, f), jnp.float32)
+    tol = 1e-5 if dtype == jnp.float32 else 2e-2
+
+    def loss(h, zero=None):
+        act = (
+            sluice.swiglu_reference(h, gs)
+            if zero is None
+            else sluice.swiglu(h, gs, zero_unused_rows=zero)
+        )
+        return jnp.sum(act.astype(jnp.float32) * cot)
+
+    ref = sluice.swiglu_reference(h, gs)
+    want = jax.grad(loss)(h)
+    for zero in (True, False):
+        act = jax.jit(sluice.swiglu, static_argnames="zero_unused_rows")(
+            h, gs, zero_unused_rows=zero
+        )
+        rows = slice(None) if zero else slice(0, used)
+        assert rel_err(np.asarray(act[rows], np.float32), np.asarray(ref[rows], np.float32)) < tol
+        dh = jax.jit(jax.grad(loss), static_argnums=1)(h, zero)
+        assert rel_err(np.asarray(dh[rows], np.float32), np.asarray(want[rows], np.float32)) < tol
+
+
+def test_swiglu_poison_and_bad_sizes_gpu():
+    """The CUDA C API on poisoned outputs (CuPy): every used row written, the rest zeroed or, with
+    skip_unused_rows, kept; device-side sizes that are negative or sum past M are clamped (no
+    out-of-bounds access: compute-sanitizer runs this file's C-API part too)."""
+    import ctypes
+
+    cp = pytest.importorskip("cupy")
+    from sluice import _lib
+    from sluice.swiglu import _SwigluDesc as Desc
+
+    lib = _lib.lib
+    vp = ctypes.c_void_p
+    lib.sl_swiglu_fwd_cuda.argtypes = [ctypes.POINTER(Desc), vp, vp, vp, vp]
+    lib.sl_swiglu_bwd_cuda.argtypes = [ctypes.POINTER(Desc), vp, vp, vp, vp, vp]
+    m, f = 301, 136
+    h_np = (RNG.standard_normal((m, 2 * f)) * 3).astype(np.float32)
+    da_np = RNG.standard_normal((m, f)).astype(np.float32)
+    s = 1 / (1 + np.exp(-h_np[:, :f].astype(np.float64)))
+    g64, u64 = h_np[:, :f].astype(np.float64), h_np[:, f:].astype(np.float64)
+    act_ref = g64 * s * u64
+    dh_ref = np.concatenate([da_np * u64 * s * (1 + g64 * (1 - s)), da_np * g64 * s], axis=1)
+    h, da = cp.asarray(h_np), cp.asarray(da_np)
+    for sizes, used in (([100, 0, 120], 220), ([200, -5, 300], m), ([0], 0), ([m], m)):
+        for skip in (0, 1):
+            d = Desc(ctypes.sizeof(Desc), m, f, len(sizes), 0, skip)
+            gs = cp.asarray(np.asarray(sizes, np.int32))
+            act = cp.full((m, f), np.nan, cp.float32)
+            dh = cp.full((m, 2 * f), np.nan, cp.float32)
+            assert (
+                lib.sl_swiglu_fwd_cuda(ctypes.byref(d), h.data.ptr, gs.data.ptr, act.data.ptr, None)
+                == 0
+            )
+            assert (
+                lib.sl_swiglu_bwd_cuda(
+                    ctypes.byref(d), da.data.ptr, h.data.ptr, gs.data.ptr, dh.data.ptr, None
+                )
+                == 0
+            )
+            cp.cuda.Device().synchronize()
+            a, b = act.get(), dh.get()
+            np.testing.assert_allclose(a[:used], act_ref[:used], rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(b[:used], dh_ref[:used], rtol=1e-4, atol=1e-4)
+            if skip:
+                assert np.isnan(a[used:]).all() and np.isnan(b[used:]).all()
+            else:
+                assert not a[used:].any() and not b[used:].any()
 
 
 def test_model_cudnn_attention_matches_xla_gpu():

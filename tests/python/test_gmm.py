@@ -51,12 +51,13 @@ def test_gmm_matches_reference_and_ragged_dot(dtype, case, transpose_rhs):
     lhs = rand((m, k), dtype)
     rhs = rand((g, n, k) if transpose_rhs else (g, k, n), dtype)
     out = sluice.gmm(lhs, rhs, gs, transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32)
-    ref = sluice.gmm_reference(lhs, rhs, gs, transpose_rhs=transpose_rhs,
-                               preferred_element_type=jnp.float32)
+    ref = sluice.gmm_reference(
+        lhs, rhs, gs, transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32
+    )
     assert out.shape == (m, n) and out.dtype == jnp.float32
     assert rel_err(out, ref) < TOL[dtype]
     # rows past sum(group_sizes) are exactly zero, as in ragged_dot
-    assert np.all(np.asarray(out)[int(gs.sum()):] == 0)
+    assert np.all(np.asarray(out)[int(gs.sum()) :] == 0)
     w = jnp.swapaxes(rhs, 1, 2) if transpose_rhs else rhs
     rd = jax.lax.ragged_dot(lhs, w, gs, preferred_element_type=jnp.float32)
     assert rel_err(out, rd) < TOL[dtype]
@@ -100,10 +101,11 @@ def test_group_offset_gmm_and_tgmm():
         ref = sluice.gmm_reference(lhs, rhs, gs, group_offset=off)
         assert rel_err(out, ref) < 1e-5
         # the same through ragged_dot: pad rhs with zero groups around the local ones
-        full = jnp.zeros((g, k, n)).at[off:off + gl].set(rhs)
+        full = jnp.zeros((g, k, n)).at[off : off + gl].set(rhs)
         assert rel_err(out, jax.lax.ragged_dot(lhs, full, gs)) < 1e-5
-        t = sluice.tgmm(lhs, rand((m, n), jnp.float32), gs, group_offset=jnp.int32(off),
-                        num_local_groups=gl)
+        t = sluice.tgmm(
+            lhs, rand((m, n), jnp.float32), gs, group_offset=jnp.int32(off), num_local_groups=gl
+        )
         assert t.shape == (gl, k, n)
     # a traced offset (what expert parallelism computes from axis_index)
     f = jax.jit(lambda o: sluice.gmm(lhs, rhs, gs, group_offset=o))
@@ -168,8 +170,9 @@ def test_check_grads_gmm_and_tgmm():
     lhs, rhs = rand((16, 5), jnp.float32), rand((3, 5, 4), jnp.float32)
     kw = {"order": 1, "modes": ("rev",), "atol": 1e-2, "rtol": 1e-2, "eps": 0.1}
     check_grads(lambda l, w: sluice.gmm(l, w, gs), (lhs, rhs), **kw)
-    check_grads(lambda l, w: sluice.gmm(l, w, gs, transpose_rhs=True),
-                (lhs, jnp.swapaxes(rhs, 1, 2)), **kw)
+    check_grads(
+        lambda l, w: sluice.gmm(l, w, gs, transpose_rhs=True), (lhs, jnp.swapaxes(rhs, 1, 2)), **kw
+    )
     check_grads(lambda a, b: sluice.tgmm(a, b, gs), (lhs, rand((16, 4), jnp.float32)), **kw)
 
 
@@ -194,9 +197,11 @@ def test_vmap_gmm_and_tgmm():
     out2 = jax.vmap(sluice.gmm, in_axes=(0, None, 0))(lhs, rhs[0], gs)
     assert rel_err(out2[1], sluice.gmm_reference(lhs[1], rhs[0], gs[1])) < 1e-5
     grads = jax.vmap(jax.grad(lambda l, w, s: jnp.sum(sluice.gmm(l, w, s) ** 2), (0, 1)))(
-        lhs, rhs, gs)
+        lhs, rhs, gs
+    )
     ref = jax.grad(lambda l, w: jnp.sum(sluice.gmm_reference(l, w, gs[2]) ** 2), (0, 1))(
-        lhs[2], rhs[2])
+        lhs[2], rhs[2]
+    )
     assert rel_err(grads[0][2], ref[0]) < 1e-5 and rel_err(grads[1][2], ref[1]) < 1e-5
     t = jax.vmap(sluice.tgmm)(lhs, rand((b, m, n), jnp.float32), gs)
     assert t.shape == (b, g, k, n)
@@ -247,8 +252,15 @@ def _ok():
         (lambda l, r, s: (l, r[:, :3], s), ValueError, "contraction dims differ"),
         (lambda l, r, s: (l, r.astype(jnp.bfloat16), s), TypeError, "differs from lhs dtype"),
         (lambda l, r, s: (l.astype(jnp.int32), r, s), TypeError, "lhs must be float32"),
-        (lambda l, r, s: (l, r, s.astype(jnp.int64) if jax.config.jax_enable_x64 else
-                          s.astype(jnp.uint32)), TypeError, "group_sizes must be int32"),
+        (
+            lambda l, r, s: (
+                l,
+                r,
+                s.astype(jnp.int64) if jax.config.jax_enable_x64 else s.astype(jnp.uint32),
+            ),
+            TypeError,
+            "group_sizes must be int32",
+        ),
         (lambda l, r, s: (l, r, s[None]), ValueError, "group_sizes must be 1-D"),
         (lambda l, r, s: (l, r, s[:1]), ValueError, "groups but group_sizes has only"),
     ],
@@ -290,3 +302,67 @@ def test_bad_offset_raises_on_cpu():
     lhs, rhs, gs = _ok()
     with pytest.raises(Exception, match="group_offset"):
         sluice.gmm(lhs, rhs[:1], gs, group_offset=5).block_until_ready()
+
+
+# ---- swiglu ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("m,f,sizes", [(37, 24, [9, 0, 20]), (16, 5, [16]), (8, 3, [0, 0])])
+@pytest.mark.parametrize("zero", [True, False], ids=["zeroed", "unwritten"])
+def test_swiglu_vs_reference_and_grad(dtype, m, f, sizes, zero):
+    """Values and the gradient of sluice.swiglu against the jnp reference (the rows past the
+    groups zero on the CPU whatever zero_unused_rows says), under jit and vmap."""
+    h = rand((m, 2 * f), dtype) * 3
+    gs = jnp.asarray(sizes, jnp.int32)
+    act = jax.jit(functools.partial(sluice.swiglu, zero_unused_rows=zero))(h, gs)
+    ref = sluice.swiglu_reference(h, gs)
+    assert act.shape == (m, f) and act.dtype == dtype
+    assert rel_err(act, ref) < TOL[dtype]
+    used = sum(sizes)
+    assert not np.asarray(act[used:], np.float32).any()
+    cot = rand((m, f), jnp.float32)
+
+    def loss(fn, h):
+        return jnp.sum(fn(h, gs).astype(jnp.float32) * cot)
+
+    mine = jax.jit(
+        jax.grad(functools.partial(loss, functools.partial(sluice.swiglu, zero_unused_rows=zero)))
+    )(h)
+    want = jax.grad(functools.partial(loss, sluice.swiglu_reference))(h)
+    assert rel_err(mine, want) < TOL[dtype]
+    assert not np.asarray(mine[used:], np.float32).any()
+    hb = jnp.stack([h, 2 * h])
+    vm = jax.vmap(lambda x: sluice.swiglu(x, gs))(hb)
+    assert rel_err(vm, jnp.stack([sluice.swiglu_reference(x, gs) for x in hb])) < TOL[dtype]
+
+
+def test_swiglu_all_rows_by_default_and_in_shard_map():
+    h = rand((24, 16), jnp.float32)
+    assert rel_err(sluice.swiglu(h), sluice.swiglu_reference(h)) < 1e-6
+    mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
+    gs = jnp.asarray([5, 7], jnp.int32)
+    f = shard_map(lambda h: sluice.swiglu(h, gs), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    assert rel_err(jax.jit(f)(h), sluice.swiglu_reference(h, gs)) < 1e-6
+
+
+@pytest.mark.parametrize(
+    "args,exc,msg",
+    [
+        (((5, 7), None), ValueError, "h must be 2-D \\[M, 2F\\]"),
+        (((5, 8), np.zeros((2, 2), np.int32)), ValueError, "group_sizes must be 1-D"),
+        (((5, 8), np.zeros(2, np.float32)), TypeError, "group_sizes must be int32"),
+    ],
+)
+def test_swiglu_bad_input(args, exc, msg):
+    shape, gs = args
+    with pytest.raises(exc, match=msg):
+        sluice.swiglu(jnp.zeros(shape, jnp.float32), gs)
+    with pytest.raises(TypeError, match="h must be float32, bfloat16 or float16"):
+        sluice.swiglu(jnp.zeros((4, 4), jnp.int32))
+    with pytest.raises(TypeError, match="zero_unused_rows must be a bool"):
+        sluice.swiglu(jnp.zeros((4, 4)), zero_unused_rows=1)
+
+
+@pytest.mark.parametrize("sizes,msg", [([3, -1], "is negative"), ([3, 4], "exceeds the 5 rows")])
+def test_swiglu_bad_device_side_sizes_raise_on_cpu(sizes, msg):
+    with pytest.raises(Exception, match=msg):
+        jax.block_until_ready(sluice.swiglu(jnp.zeros((5, 4)), jnp.asarray(sizes, jnp.int32)))
