@@ -28,6 +28,7 @@ from sluice.ep import _FanDesc as FanDesc
 # name: (N received rows, k slots, L local experts, H hidden)
 WORKLOADS = {
     "dsv3-proxy (1 GPU)": (32768, 8, 256, 1024),
+    "dsv3-proxy-ep4 rank (worst-case N = 4T)": (131072, 8, 64, 1024),
     "dsv3 rank of EP8": (16384, 8, 32, 7168),
     "mixtral": (16384, 2, 8, 4096),
 }

@@ -5,7 +5,8 @@
  *   count  (a block per chunk of whole rows, <= 1024 slots): each slot's rank among the earlier
  * slots of its chunk with the same expert (warps in order, __match_any_sync within a warp) and the
  *          chunk's histogram -> workspace [chunks, L];
- *   scan   (one block): per expert, exclusive sums over chunks; group_sizes; expert starts
+ *   scan   (one block): per expert (up to 32 threads each, over segments of the chunks), exclusive
+ *          sums over chunks; group_sizes; expert starts
  *          (a block-wide scan over the experts);
  *   place  (a block per chunk): pos = start[e] + chunk base + rank;
  * then the rows are copied (a warp per row, to each of its slots' places) and the rows past the
@@ -147,25 +148,47 @@ __global__ void __launch_bounds__(1024) fan_scan_kernel(FanArgs a) {
   __shared__ int tot[kMaxLocalFan];
   __shared__ long long warp_sums[32];
   int *start = a.ws + a.chunks * a.L;
-  const int tid = threadIdx.x;
-  /* Per expert (a thread each), exclusive sums over the chunks, 8 chunks' loads in flight. */
-  for (int64_t e = tid; e < a.L; e += blockDim.x) {
-    int run = 0;
-    for (int64_t c0 = 0; c0 < a.chunks; c0 += 8) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  /* Per expert, exclusive sums over the chunks, relative to the expert's start. tpe threads an
+   * expert (consecutive lanes; a power of two <= 32, as many as the block has for its experts: 16
+   * for 64 experts), each summing a contiguous segment of the chunks (8 loads in flight), the
+   * segments' sums scanned across the tpe lanes, then each segment rewritten from its base. */
+  int tpe = 1;
+  while (tpe < 32 && (int64_t)tpe * 2 * a.L <= (int64_t)blockDim.x) tpe *= 2;
+  const int sub = tid & (tpe - 1);
+  const unsigned group = tpe == 32 ? 0xffffffffu : ((1u << tpe) - 1) << (lane & ~(tpe - 1));
+  const int64_t seg = (a.chunks + tpe - 1) / tpe, c_lo = min(sub * seg, a.chunks),
+                c_hi = min(c_lo + seg, a.chunks);
+  for (int64_t e = tid / tpe; e < a.L; e += blockDim.x / tpe) { /* the same e for a whole group */
+    int sum = 0;
+    for (int64_t c0 = c_lo; c0 < c_hi; c0 += 8) {
       int v[8];
 #pragma unroll
-      for (int b = 0; b < 8; ++b) v[b] = c0 + b < a.chunks ? a.ws[(c0 + b) * a.L + e] : 0;
+      for (int b = 0; b < 8; ++b) v[b] = c0 + b < c_hi ? a.ws[(c0 + b) * a.L + e] : 0;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) sum += v[b];
+    }
+    int incl = sum;
+    for (int o = 1; o < tpe; o <<= 1) {
+      const int up = __shfl_up_sync(group, incl, o, tpe);
+      if (sub >= o) incl += up;
+    }
+    int run = incl - sum;
+    for (int64_t c0 = c_lo; c0 < c_hi; c0 += 8) {
+      int v[8];
+#pragma unroll
+      for (int b = 0; b < 8; ++b) v[b] = c0 + b < c_hi ? a.ws[(c0 + b) * a.L + e] : 0;
 #pragma unroll
       for (int b = 0; b < 8; ++b)
-        if (c0 + b < a.chunks) a.ws[(c0 + b) * a.L + e] = run, run += v[b];
+        if (c0 + b < c_hi) a.ws[(c0 + b) * a.L + e] = run, run += v[b];
     }
-    tot[e] = run;
+    if (sub == tpe - 1) tot[e] = incl;
   }
   __syncthreads();
   /* Exclusive sums over the experts: a contiguous run of experts per thread, the threads' sums
-   * scanned across the block. */
-  const int64_t seg = (a.L + blockDim.x - 1) / blockDim.x, lo = min(tid * seg, a.L),
-                hi = min(lo + seg, a.L);
+   * scanned across the block. fan_place adds start[e] to the chunks' relative bases. */
+  const int64_t eseg = (a.L + blockDim.x - 1) / blockDim.x, lo = min(tid * eseg, a.L),
+                hi = min(lo + eseg, a.L);
   int mine = 0;
   for (int64_t e = lo; e < hi; ++e) mine += tot[e];
   int run = (int)(block_inclusive_scan(mine, warp_sums) - mine);
@@ -177,8 +200,6 @@ __global__ void __launch_bounds__(1024) fan_scan_kernel(FanArgs a) {
     a.group_sizes[e] = (int)(b1 - b0);
   }
   if (tid == (int)blockDim.x - 1) start[a.L] = run; /* total */
-  __syncthreads();
-  for (int64_t i = tid; i < a.chunks * a.L; i += blockDim.x) a.ws[i] += start[i % a.L];
 }
 
 __global__ void __launch_bounds__(1024) fan_place_kernel(FanArgs a) {
@@ -187,7 +208,7 @@ __global__ void __launch_bounds__(1024) fan_place_kernel(FanArgs a) {
   if (tid < a.chunk_rows * a.k && row < a.N) {
     const int e = slot_expert(a, row, j, nullptr);
     int p = -1;
-    if (e >= 0) p = a.ws[c * a.L + e] + a.pos[row * a.k + j];
+    if (e >= 0) p = a.ws[a.chunks * a.L + e] + a.ws[c * a.L + e] + a.pos[row * a.k + j];
     if (p >= a.M) p = -1; /* past max_rows: left out */
     a.pos[row * a.k + j] = p;
   }
