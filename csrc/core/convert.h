@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "sluice.h"
+
 static inline float sl_bf16_to_f32(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;
   float f;
@@ -48,6 +50,23 @@ static inline uint16_t sl_f32_to_f16(float f) {
   }
   u += 0xfffu + ((u >> 13) & 1u);
   return sign | (uint16_t)((u - (112u << 23)) >> 13);
+}
+
+/* Element i of an f32, bf16 or f16 array as f32, and f32 back into one (bf16/f16: nearest even). */
+static inline float sl_load_f32(sl_dtype t, const void *p, int64_t i) {
+  switch (t) {
+    case SL_DTYPE_BF16: return sl_bf16_to_f32(((const uint16_t *)p)[i]);
+    case SL_DTYPE_F16: return sl_f16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+  }
+}
+
+static inline void sl_store_f32(sl_dtype t, void *p, int64_t i, float v) {
+  switch (t) {
+    case SL_DTYPE_BF16: ((uint16_t *)p)[i] = sl_f32_to_bf16(v); break;
+    case SL_DTYPE_F16: ((uint16_t *)p)[i] = sl_f32_to_f16(v); break;
+    default: ((float *)p)[i] = v;
+  }
 }
 
 #endif /* SLUICE_CONVERT_H_ */

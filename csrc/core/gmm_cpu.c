@@ -20,14 +20,6 @@
 
 enum { MB = 64, NB = 128, KB = 256, MR = 4, NR = 16 };
 
-static inline float load_elem(sl_dtype t, const void *p, int64_t i) {
-  switch (t) {
-    case SL_DTYPE_BF16: return sl_bf16_to_f32(((const uint16_t *)p)[i]);
-    case SL_DTYPE_F16: return sl_f16_to_f32(((const uint16_t *)p)[i]);
-    default: return ((const float *)p)[i];
-  }
-}
-
 /* dst[r * ld + c] = src[r * rs + c * cs] for r < rows, c < cols, widened to f32. The dtype switch
  * is outside the loops so each copy loop is plain. */
 static void pack(sl_dtype t, const void *src, int64_t rs, int64_t cs, int rows, int cols, float *dst,

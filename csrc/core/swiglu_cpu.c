@@ -30,19 +30,6 @@ sl_status sl_swiglu_desc_check(const sl_swiglu_desc *d, const char *op) {
   return SL_STATUS_SUCCESS;
 }
 
-static float load(sl_dtype t, const void *p, int64_t i) {
-  if (t == SL_DTYPE_F32) return ((const float *)p)[i];
-  const uint16_t v = ((const uint16_t *)p)[i];
-  return t == SL_DTYPE_BF16 ? sl_bf16_to_f32(v) : sl_f16_to_f32(v);
-}
-
-static void store(sl_dtype t, void *p, int64_t i, float v) {
-  if (t == SL_DTYPE_F32)
-    ((float *)p)[i] = v;
-  else
-    ((uint16_t *)p)[i] = t == SL_DTYPE_BF16 ? sl_f32_to_bf16(v) : sl_f32_to_f16(v);
-}
-
 /* U, the rows the groups cover; an error for a negative size or U > M. */
 static sl_status used_rows(const sl_swiglu_desc *d, const int32_t *gs, const char *op,
                            int64_t *used) {
@@ -72,10 +59,11 @@ sl_status sl_swiglu_fwd_cpu(const sl_swiglu_desc *d, const void *h, const int32_
     for (int64_t j = 0; j < F; ++j) {
       float a = 0.0f;
       if (r < used) {
-        const float g = load(d->dtype, h, r * 2 * F + j), u = load(d->dtype, h, r * 2 * F + F + j);
+        const float g = sl_load_f32(d->dtype, h, r * 2 * F + j),
+                    u = sl_load_f32(d->dtype, h, r * 2 * F + F + j);
         a = g / (1.0f + expf(-g)) * u;
       }
-      store(d->dtype, act, r * F + j, a);
+      sl_store_f32(d->dtype, act, r * F + j, a);
     }
   return SL_STATUS_SUCCESS;
 }
@@ -91,13 +79,14 @@ sl_status sl_swiglu_bwd_cpu(const sl_swiglu_desc *d, const void *dact, const voi
     for (int64_t j = 0; j < F; ++j) {
       float dg = 0.0f, du = 0.0f;
       if (r < used) {
-        const float g = load(d->dtype, h, r * 2 * F + j), u = load(d->dtype, h, r * 2 * F + F + j),
-                    da = load(d->dtype, dact, r * F + j), s = 1.0f / (1.0f + expf(-g));
+        const float g = sl_load_f32(d->dtype, h, r * 2 * F + j),
+                    u = sl_load_f32(d->dtype, h, r * 2 * F + F + j),
+                    da = sl_load_f32(d->dtype, dact, r * F + j), s = 1.0f / (1.0f + expf(-g));
         dg = da * u * (s * (1.0f + g * (1.0f - s)));
         du = da * (g * s);
       }
-      store(d->dtype, dh, r * 2 * F + j, dg);
-      store(d->dtype, dh, r * 2 * F + F + j, du);
+      sl_store_f32(d->dtype, dh, r * 2 * F + j, dg);
+      sl_store_f32(d->dtype, dh, r * 2 * F + F + j, du);
     }
   return SL_STATUS_SUCCESS;
 }

@@ -201,13 +201,12 @@ def _sluice_gmm_unused_rows_unwritten(lhs, rhs, group_sizes):
     return sluice.gmm(lhs, rhs, group_sizes, zero_unused_rows=False)
 
 
-def _swiglu_act(xs, wi, group_sizes, gmm):
+def _swiglu_act(xs, wi, group_sizes, gmm, groups_rows_only=False):
     """xs sorted by expert, wi [E,D,2F] -> the SwiGLU activation [M,F], before the down
-    projection."""
+    projection. groups_rows_only: sluice.swiglu over the groups' rows, the rest unwritten (for an
+    expert block sized past its rows, where XLA's element-wise ops would run over all M)."""
     h = gmm(xs, wi, group_sizes)
-    if gmm is _sluice_gmm_unused_rows_unwritten:
-        # sluice.ep's expert block, sized past its rows: the activation over the groups' rows
-        # only (XLA's element-wise ops run over all M, ~2x the rows used at ep_rows_factor 2)
+    if groups_rows_only:
         import sluice
 
         return sluice.swiglu(h, group_sizes, zero_unused_rows=False)
@@ -468,9 +467,9 @@ def _dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
     back)."""
     from sluice import ep
 
-    # With sluice's gmm the expert block's rows past the groups are never zeroed (gmm's output,
-    # fan_out's, fan_in's gradient): only gmm, tgmm, fan_in, fan_out's transpose and row-wise
-    # element-wise ops meet them, and zeroing them cost ~5% of an EP 4 step.
+    # With sluice's gmm the expert block's rows past the groups are never zeroed nor computed
+    # (gmm's output, fan_out's, fan_in's gradient, the SwiGLU): only gmm, tgmm, fan_in, fan_out's
+    # transpose and row-wise element-wise ops meet them; writing them cost ~6% of an EP 4 step.
     zero_unused = gmm is not _sluice_gmm
     if not zero_unused:
         gmm = _sluice_gmm_unused_rows_unwritten
@@ -488,7 +487,7 @@ def _dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
             max_rows=rows,
             zero_unused_rows=zero_unused,
         )
-        act = _swiglu_act(xs, wi, group_sizes, gmm)
+        act = _swiglu_act(xs, wi, group_sizes, gmm, groups_rows_only=not zero_unused)
         return _down_fan_in(act, wo, fan, ri, gmm, None, cfg.keep_expert_outputs), group_sizes
 
     # Under remat the whole local part (fan-out, the experts, fan-in: no communication) is one
