@@ -1,6 +1,7 @@
 """sluice.swiglu against XLA's element-wise SwiGLU (what the MoE layer ran before) on one GPU, under
 jit: the forward, and the forward with its VJP, on an expert block of M rows of which U are used
-(sluice.ep's block at --ep-rows-factor 2 has U ~ M/2). Bytes (bf16) per used row: forward reads 4F
+(sluice.ep's block at --ep-rows-factor 2 has U ~ M/2); plain, and with each row times its router
+weight (-w: the VJP also gives the weights' gradient, a row-wise sum; what the MoE layer runs). Bytes (bf16) per used row: forward reads 4F
 and writes 2F; the VJP reads 6F more and writes 4F. Each figure: the median of --rounds rounds of
 --calls calls queued back to back (wall clock / calls).
 
@@ -18,9 +19,10 @@ import numpy as np
 import sluice
 
 
-def xla_swiglu(h):
+def xla_swiglu(h, w=None):
     gate, up = jnp.split(h, 2, axis=-1)
-    return (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(h.dtype)
+    act = jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)
+    return (act if w is None else act * w[:, None]).astype(h.dtype)
 
 
 def timed(fn, args, calls, rounds):
@@ -47,17 +49,20 @@ def main():
     rng = np.random.default_rng(0)
     h = jnp.asarray(rng.standard_normal((m, 2 * f)), jnp.bfloat16)
     dact = jnp.asarray(rng.standard_normal((m, f)), jnp.bfloat16)
+    w = jnp.asarray(rng.random(m), jnp.float32)
 
     def vjp(act_fn):
-        def run(h, dact, gs):
-            out, pull = jax.vjp(lambda x: act_fn(x, gs), h)
-            return out, pull(dact)[0]
+        def run(h, w, dact, gs):
+            out, pull = jax.vjp(lambda x, v: act_fn(x, v, gs), h, w)
+            return out, pull(dact)
 
         return jax.jit(run)
 
     impls = {
-        "xla": lambda x, gs: xla_swiglu(x),
-        "sluice": lambda x, gs: sluice.swiglu(x, gs, zero_unused_rows=False),
+        "xla": lambda x, v, gs: xla_swiglu(x),
+        "sluice": lambda x, v, gs: sluice.swiglu(x, gs, zero_unused_rows=False),
+        "xla-w": lambda x, v, gs: xla_swiglu(x, v),
+        "sluice-w": lambda x, v, gs: sluice.swiglu(x, gs, row_weights=v, zero_unused_rows=False),
     }
     dev = jax.devices()[0].device_kind
     lines = [
@@ -69,8 +74,8 @@ def main():
     for used in (m // 2, m):
         gs = jnp.asarray([used], jnp.int32)
         for name, fn in impls.items():
-            fwd = timed(jax.jit(fn), (h, gs), a.calls, a.rounds)
-            both = timed(vjp(fn), (h, dact, gs), a.calls, a.rounds)
+            fwd = timed(jax.jit(fn), (h, w, gs), a.calls, a.rounds)
+            both = timed(vjp(fn), (h, w, dact, gs), a.calls, a.rounds)
             gb_f = used * 6 * f / 1e9  # 6F bytes a used row (bf16), 16F with the VJP
             gb_b = used * 16 * f / 1e9
             lines.append(

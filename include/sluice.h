@@ -146,13 +146,17 @@ sl_status sl_tgmm_cuda(const sl_gmm_desc *desc, const void *lhs, const void *rhs
 int sl_has_cuda(void);
 
 /* ------------------------------------------------------------------------------------------------
- * swiglu: the SwiGLU activation of an expert block, over the groups' rows only.
- *   fwd: h [M, 2F] (each row [gate | up]) -> act [M, F], act = silu(gate) * up, in f32, rounded once.
- *   bwd: dact [M, F], h -> dh [M, 2F]: d gate = dact * up * silu'(gate), d up = dact * silu(gate).
+ * swiglu: the SwiGLU activation of an expert block, over the groups' rows only, each row optionally
+ * scaled by its own weight (the router weight of the token copy it holds).
+ *   fwd: h [M, 2F] (each row [gate | up]) -> act [M, F], act = silu(gate) * up * w[r] (w = 1 when
+ *        row_weights is NULL), in f32, rounded once.
+ *   bwd: dact [M, F], h -> dh [M, 2F]: with a = silu(gate) * up, d gate = dact * w * up *
+ *        silu'(gate), d up = dact * w * silu(gate); with row_weights also drow_weights f32 [M],
+ *        d w[r] = sum_j dact[r, j] * a[r, j] in f32 (required then, ignored otherwise; 0 past U).
  * Only the first U = sum(group_sizes) rows are computed (the rows gmm writes for sorted groups);
  * rows past U are zero, or on CUDA with skip_unused_rows left unwritten. The CPU rejects negative
  * sizes and U > M (SL_STATUS_INVALID_VALUE); CUDA counts negative sizes as 0 and clamps U to M. One
- * dtype (f32, bf16 or f16) for h, act, dact and dh.
+ * dtype (f32, bf16 or f16) for h, act, dact and dh; row_weights f32 [M].
  * ----------------------------------------------------------------------------------------------*/
 typedef struct sl_swiglu_desc {
   size_t struct_size; /* sizeof(sl_swiglu_desc) */
@@ -164,14 +168,16 @@ typedef struct sl_swiglu_desc {
 } sl_swiglu_desc;
 
 sl_swiglu_desc sl_swiglu_desc_default(void);
-sl_status sl_swiglu_fwd_cpu(const sl_swiglu_desc *desc, const void *h, const int32_t *group_sizes,
-                            void *act);
+sl_status sl_swiglu_fwd_cpu(const sl_swiglu_desc *desc, const void *h, const float *row_weights,
+                            const int32_t *group_sizes, void *act);
 sl_status sl_swiglu_bwd_cpu(const sl_swiglu_desc *desc, const void *dact, const void *h,
-                            const int32_t *group_sizes, void *dh);
-sl_status sl_swiglu_fwd_cuda(const sl_swiglu_desc *desc, const void *h, const int32_t *group_sizes,
-                             void *act, void *stream);
+                            const float *row_weights, const int32_t *group_sizes, void *dh,
+                            float *drow_weights);
+sl_status sl_swiglu_fwd_cuda(const sl_swiglu_desc *desc, const void *h, const float *row_weights,
+                             const int32_t *group_sizes, void *act, void *stream);
 sl_status sl_swiglu_bwd_cuda(const sl_swiglu_desc *desc, const void *dact, const void *h,
-                             const int32_t *group_sizes, void *dh, void *stream);
+                             const float *row_weights, const int32_t *group_sizes, void *dh,
+                             float *drow_weights, void *stream);
 
 
 /* ================================================================================================

@@ -28,14 +28,16 @@ sl_status sl_tgmm_cuda(const sl_gmm_desc *desc, const void *lhs, const void *rhs
   return not_built("tgmm");
 }
 
-sl_status sl_swiglu_fwd_cuda(const sl_swiglu_desc *desc, const void *h, const int32_t *group_sizes,
-                             void *act, void *stream) {
-  (void)desc, (void)h, (void)group_sizes, (void)act, (void)stream;
+sl_status sl_swiglu_fwd_cuda(const sl_swiglu_desc *desc, const void *h, const float *row_weights,
+                             const int32_t *group_sizes, void *act, void *stream) {
+  (void)desc, (void)h, (void)row_weights, (void)group_sizes, (void)act, (void)stream;
   return not_built("swiglu");
 }
 
 sl_status sl_swiglu_bwd_cuda(const sl_swiglu_desc *desc, const void *dact, const void *h,
-                             const int32_t *group_sizes, void *dh, void *stream) {
-  (void)desc, (void)dact, (void)h, (void)group_sizes, (void)dh, (void)stream;
+                             const float *row_weights, const int32_t *group_sizes, void *dh,
+                             float *drow_weights, void *stream) {
+  (void)desc, (void)dact, (void)h, (void)row_weights, (void)group_sizes, (void)dh;
+  (void)drow_weights, (void)stream;
   return not_built("swiglu_bwd");
 }

@@ -49,7 +49,8 @@ static sl_status used_rows(const sl_swiglu_desc *d, const int32_t *gs, const cha
   return SL_STATUS_SUCCESS;
 }
 
-sl_status sl_swiglu_fwd_cpu(const sl_swiglu_desc *d, const void *h, const int32_t *gs, void *act) {
+sl_status sl_swiglu_fwd_cpu(const sl_swiglu_desc *d, const void *h, const float *w,
+                            const int32_t *gs, void *act) {
   int64_t used = 0;
   sl_status st = sl_swiglu_desc_check(d, "swiglu");
   if (st || (st = used_rows(d, gs, "swiglu", &used))) return st;
@@ -61,7 +62,7 @@ sl_status sl_swiglu_fwd_cpu(const sl_swiglu_desc *d, const void *h, const int32_
       if (r < used) {
         const float g = sl_load_f32(d->dtype, h, r * 2 * F + j),
                     u = sl_load_f32(d->dtype, h, r * 2 * F + F + j);
-        a = g / (1.0f + expf(-g)) * u;
+        a = g / (1.0f + expf(-g)) * u * (w ? w[r] : 1.0f);
       }
       sl_store_f32(d->dtype, act, r * F + j, a);
     }
@@ -69,24 +70,33 @@ sl_status sl_swiglu_fwd_cpu(const sl_swiglu_desc *d, const void *h, const int32_
 }
 
 sl_status sl_swiglu_bwd_cpu(const sl_swiglu_desc *d, const void *dact, const void *h,
-                            const int32_t *gs, void *dh) {
+                            const float *w, const int32_t *gs, void *dh, float *dw) {
   int64_t used = 0;
   sl_status st = sl_swiglu_desc_check(d, "swiglu_bwd");
   if (st || (st = used_rows(d, gs, "swiglu_bwd", &used))) return st;
+  if (w && !dw)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "swiglu_bwd: row_weights given but drow_weights is NULL");
   const int64_t F = d->ff;
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < d->rows; ++r)
+  for (int64_t r = 0; r < d->rows; ++r) {
+    const float wr = w && r < used ? w[r] : 1.0f;
+    float dot = 0.0f;
     for (int64_t j = 0; j < F; ++j) {
       float dg = 0.0f, du = 0.0f;
       if (r < used) {
         const float g = sl_load_f32(d->dtype, h, r * 2 * F + j),
                     u = sl_load_f32(d->dtype, h, r * 2 * F + F + j),
-                    da = sl_load_f32(d->dtype, dact, r * F + j), s = 1.0f / (1.0f + expf(-g));
-        dg = da * u * (s * (1.0f + g * (1.0f - s)));
-        du = da * (g * s);
+                    da = sl_load_f32(d->dtype, dact, r * F + j), s = 1.0f / (1.0f + expf(-g)),
+                    dw_ = da * wr;
+        dot += da * (g * s * u);
+        dg = dw_ * u * (s * (1.0f + g * (1.0f - s)));
+        du = dw_ * (g * s);
       }
       sl_store_f32(d->dtype, dh, r * 2 * F + j, dg);
       sl_store_f32(d->dtype, dh, r * 2 * F + F + j, du);
     }
+    if (w) dw[r] = dot;
+  }
   return SL_STATUS_SUCCESS;
 }

@@ -4,7 +4,8 @@
  * sized for M rows does the work of U. 16-byte vectors where F and the pointers allow (8 bf16/f16
  * or 4 f32 values), else one element per thread; f32 arithmetic. Rows past U are zeroed unless
  * skip_unused_rows. Bandwidth-bound: fwd reads 4F and writes 2F bytes a row (bf16), bwd reads 6F
- * and writes 4F.
+ * and writes 4F. With row weights the forward scales each row by its weight; the backward, which
+ * then also sums each row's d weight, runs a warp per row (swiglu_rows_bwd_kernel).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -65,6 +66,8 @@ __device__ int64_t used_rows(const int32_t *gs, int64_t G, int64_t M) {
 
 struct Args {
   const void *h, *dact;
+  const float *w; /* row weights [M] or NULL */
+  float *dw;      /* bwd with row weights: d row weights [M] */
   const int32_t *gs;
   void *out; /* act [M, F] or dh [M, 2F] */
   int64_t M, F, G;
@@ -103,8 +106,9 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(Args a) {
       Vec<T>::load(h + r * 2 * F + F + c, u);
       if (!Bwd) {
         float o[V];
+        const float wr = a.w ? a.w[r] : 1.0f;
 #pragma unroll
-        for (int v = 0; v < V; ++v) fwd1(g[v], u[v], &o[v]);
+        for (int v = 0; v < V; ++v) fwd1(g[v], u[v], &o[v]), o[v] *= wr;
         Vec<T>::store(out + r * F + c, o);
       } else {
         float da[V], dg[V], du[V];
@@ -129,7 +133,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(Args a) {
       if (!Bwd) {
         float o;
         fwd1(g, u, &o);
-        store1(out + r * F + c, o);
+        store1(out + r * F + c, a.w ? o * a.w[r] : o);
       } else {
         float dg, du;
         bwd1(g, u, load1(dact + r * F + c), &dg, &du);
@@ -142,15 +146,70 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(Args a) {
   }
 }
 
-sl_status launch(const sl_swiglu_desc *d, const void *dact, const void *h, const int32_t *gs,
-                 void *out, void *stream, bool bwd) {
+/* The backward with row weights: a warp per used row (F / V vectors, or F elements, over the
+ * lanes), d h from dact * w[r], and d w[r] = sum_j dact[r, j] * a[r, j] by a warp reduction in a
+ * fixed order. Rows past U: d w zero always, d h zero unless skip. */
+template <typename T>
+__global__ void __launch_bounds__(kThreads) swiglu_rows_bwd_kernel(Args a) {
+  const int64_t used = used_rows(a.gs, a.G, a.M), F = a.F;
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = (int64_t)gridDim.x * (kThreads / 32);
+  const int64_t first = ((int64_t)blockIdx.x * kThreads + threadIdx.x) / 32;
+  const T *h = (const T *)a.h, *dact = (const T *)a.dact;
+  T *dh = (T *)a.out;
+  for (int64_t r = first; r < used; r += warps) {
+    const float wr = a.w[r];
+    float dot = 0.0f;
+    if (a.vec) {
+      constexpr int V = Vec<T>::V;
+      for (int64_t c = (int64_t)lane * V; c < F; c += 32 * V) {
+        float g[V], u[V], da[V], dg[V], du[V];
+        Vec<T>::load(h + r * 2 * F + c, g);
+        Vec<T>::load(h + r * 2 * F + F + c, u);
+        Vec<T>::load(dact + r * F + c, da);
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          float act;
+          fwd1(g[v], u[v], &act);
+          dot += da[v] * act;
+          bwd1(g[v], u[v], da[v] * wr, &dg[v], &du[v]);
+        }
+        Vec<T>::store(dh + r * 2 * F + c, dg);
+        Vec<T>::store(dh + r * 2 * F + F + c, du);
+      }
+    } else {
+      for (int64_t c = lane; c < F; c += 32) {
+        const float g = load1(h + r * 2 * F + c), u = load1(h + r * 2 * F + F + c),
+                    da = load1(dact + r * F + c);
+        float act, dg, du;
+        fwd1(g, u, &act);
+        dot += da * act;
+        bwd1(g, u, da * wr, &dg, &du);
+        store1(dh + r * 2 * F + c, dg);
+        store1(dh + r * 2 * F + F + c, du);
+      }
+    }
+    for (int o = 16; o; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    if (lane == 0) a.dw[r] = dot;
+  }
+  const int64_t tid = (int64_t)blockIdx.x * kThreads + threadIdx.x, stride = warps * 32;
+  for (int64_t r = used + tid; r < a.M; r += stride) a.dw[r] = 0.0f;
+  if (!a.skip)
+    for (int64_t i = used * 2 * F + tid; i < a.M * 2 * F; i += stride) store1(dh + i, 0.0f);
+}
+
+sl_status launch(const sl_swiglu_desc *d, const void *dact, const void *h, const float *w,
+                 const int32_t *gs, void *out, float *dw, void *stream, bool bwd) {
   const char *op = bwd ? "swiglu_bwd" : "swiglu";
   sl_status st = sl_swiglu_desc_check(d, op);
   if (st) return st;
   if (!h || !gs || !out || (bwd && !dact))
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "%s: a NULL pointer", op);
+  if (bwd && w && !dw)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "%s: row_weights given but drow_weights is NULL", op);
   Args a;
-  a.h = h, a.dact = dact, a.gs = gs, a.out = out;
+  a.h = h, a.dact = dact, a.w = w, a.dw = bwd ? dw : nullptr, a.gs = gs, a.out = out;
   a.M = d->rows, a.F = d->ff, a.G = d->num_groups, a.skip = d->skip_unused_rows != 0;
   const int V = d->dtype == SL_DTYPE_F32 ? 4 : 8;
   const bool aligned = ((uintptr_t)h | (uintptr_t)out | (uintptr_t)dact) % 16 == 0;
@@ -160,7 +219,16 @@ sl_status launch(const sl_swiglu_desc *d, const void *dact, const void *h, const
   int64_t blocks = (work + kThreads - 1) / kThreads;
   blocks = blocks < 1 ? 1 : blocks > 8448 ? 8448 : blocks;
   cudaStream_t s = (cudaStream_t)stream;
-  if (a.M > 0 && a.F > 0) {
+  if (bwd && w && a.M > 0) { /* a warp per row, as many warps as rows, at most 8448 blocks */
+    int64_t rb = (a.M + kThreads / 32 - 1) / (kThreads / 32);
+    rb = rb > 8448 ? 8448 : rb;
+    if (d->dtype == SL_DTYPE_F32)
+      swiglu_rows_bwd_kernel<float><<<(unsigned)rb, kThreads, 0, s>>>(a);
+    else if (d->dtype == SL_DTYPE_BF16)
+      swiglu_rows_bwd_kernel<__nv_bfloat16><<<(unsigned)rb, kThreads, 0, s>>>(a);
+    else
+      swiglu_rows_bwd_kernel<__half><<<(unsigned)rb, kThreads, 0, s>>>(a);
+  } else if (a.M > 0 && a.F > 0) {
     if (d->dtype == SL_DTYPE_F32)
       bwd ? swiglu_kernel<float, true><<<(unsigned)blocks, kThreads, 0, s>>>(a)
           : swiglu_kernel<float, false><<<(unsigned)blocks, kThreads, 0, s>>>(a);
@@ -179,12 +247,13 @@ sl_status launch(const sl_swiglu_desc *d, const void *dact, const void *h, const
 }  // namespace
 }  // namespace sluice_cuda
 
-extern "C" sl_status sl_swiglu_fwd_cuda(const sl_swiglu_desc *d, const void *h,
+extern "C" sl_status sl_swiglu_fwd_cuda(const sl_swiglu_desc *d, const void *h, const float *w,
                                         const int32_t *group_sizes, void *act, void *stream) {
-  return sluice_cuda::launch(d, nullptr, h, group_sizes, act, stream, false);
+  return sluice_cuda::launch(d, nullptr, h, w, group_sizes, act, nullptr, stream, false);
 }
 
 extern "C" sl_status sl_swiglu_bwd_cuda(const sl_swiglu_desc *d, const void *dact, const void *h,
-                                        const int32_t *group_sizes, void *dh, void *stream) {
-  return sluice_cuda::launch(d, dact, h, group_sizes, dh, stream, true);
+                                        const float *w, const int32_t *group_sizes, void *dh,
+                                        float *dw, void *stream) {
+  return sluice_cuda::launch(d, dact, h, w, group_sizes, dh, dw, stream, true);
 }

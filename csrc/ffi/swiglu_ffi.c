@@ -1,9 +1,11 @@
 /*
  * XLA FFI handlers for swiglu (CPU and CUDA); see include/sluice.h.
- *   swiglu:     h [M, 2F], group_sizes s32 [G]             -> act [M, F]
- *   swiglu_bwd: dact [M, F], h [M, 2F], group_sizes s32 [G] -> dh [M, 2F]
- * Attribute skip_unused_rows (1: the rows past sum(group_sizes) are left unwritten on CUDA).
- * One float dtype for every operand and result.
+ *   swiglu:     h [M, 2F], group_sizes s32 [G] (, w f32 [M])             -> act [M, F]
+ *   swiglu_bwd: dact [M, F], h [M, 2F], group_sizes s32 [G] (, w f32 [M])
+ *               -> dh [M, 2F] (, dw f32 [M])
+ * Attributes skip_unused_rows (1: the rows past sum(group_sizes) are left unwritten on CUDA)
+ * and weighted (1: the row weights w are the last operand; the backward returns their gradient).
+ * One float dtype for h, act, dact and dh.
  */
 #include "ffi_util.h"
 
@@ -16,9 +18,12 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *f, int is_bwd, int on_cuda) {
   /* Sizes stay on the device: the same launch every call, graph-safe. */
   if (sl_ffi_answer_metadata(f, on_cuda ? XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE : 0))
     return NULL;
-  XLA_FFI_Error *err = sl_ffi_check_frame(f, op, is_bwd ? 3 : 2, 1);
+  int64_t skip = 0, weighted = 0;
+  XLA_FFI_Error *err = sl_ffi_int_attr(f, op, "weighted", &weighted);
   if (err) return err;
-  int64_t skip = 0;
+  weighted = weighted != 0;
+  if ((err = sl_ffi_check_frame(f, op, (is_bwd ? 3 : 2) + weighted, 1 + (is_bwd && weighted))))
+    return err;
   if ((err = sl_ffi_int_attr(f, op, "skip_unused_rows", &skip))) return err;
   const XLA_FFI_Buffer *dact = is_bwd ? sl_ffi_arg(f, 0) : NULL, *h = sl_ffi_arg(f, is_bwd),
                        *gs = sl_ffi_arg(f, is_bwd + 1), *out = sl_ffi_ret(f, 0);
@@ -35,19 +40,27 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *f, int is_bwd, int on_cuda) {
   if (dact && (dact->rank != 2 || dact->dims[0] != d.rows || dact->dims[1] != d.ff ||
                dact->dtype != h->dtype))
     return bad(f, op, "dact must be [M, F] in h's dtype");
+  const XLA_FFI_Buffer *w = weighted ? sl_ffi_arg(f, is_bwd + 2) : NULL,
+                       *dw = is_bwd && weighted ? sl_ffi_ret(f, 1) : NULL;
+  if (w && (w->rank != 1 || w->dims[0] != d.rows || w->dtype != XLA_FFI_DataType_F32))
+    return bad(f, op, "row weights must be float32 [M]");
+  if (dw && (dw->rank != 1 || dw->dims[0] != d.rows || dw->dtype != XLA_FFI_DataType_F32))
+    return bad(f, op, "the row weights' gradient must be float32 [M]");
+  const float *wp = w ? (const float *)w->data : NULL;
+  float *dwp = dw ? (float *)dw->data : NULL;
   if (out->rank != 2 || out->dims[0] != d.rows || out->dims[1] != (is_bwd ? 2 : 1) * d.ff ||
       out->dtype != h->dtype)
     return bad(f, op,
                is_bwd ? "dh must be [M, 2F] in h's dtype" : "act must be [M, F] in h's dtype");
   sl_status st;
   if (!on_cuda) {
-    st = is_bwd ? sl_swiglu_bwd_cpu(&d, dact->data, h->data, gs->data, out->data)
-                : sl_swiglu_fwd_cpu(&d, h->data, gs->data, out->data);
+    st = is_bwd ? sl_swiglu_bwd_cpu(&d, dact->data, h->data, wp, gs->data, out->data, dwp)
+                : sl_swiglu_fwd_cpu(&d, h->data, wp, gs->data, out->data);
   } else {
     void *stream = sl_ffi_stream(f, &err);
     if (err) return err;
-    st = is_bwd ? sl_swiglu_bwd_cuda(&d, dact->data, h->data, gs->data, out->data, stream)
-                : sl_swiglu_fwd_cuda(&d, h->data, gs->data, out->data, stream);
+    st = is_bwd ? sl_swiglu_bwd_cuda(&d, dact->data, h->data, wp, gs->data, out->data, dwp, stream)
+                : sl_swiglu_fwd_cuda(&d, h->data, wp, gs->data, out->data, stream);
   }
   return st == SL_STATUS_SUCCESS ? NULL : sl_ffi_status_error(f, op, st);
 }

@@ -13,14 +13,15 @@ One set of parameters and one router; ``MoEConfig.impl`` picks how tokens reach 
   ``jax.lax.ragged_all_to_all`` and a worst-case receive buffer.
 - ``sluice``: the dropless path on sluice's kernels: ``sluice.gmm`` for the expert matmuls
   (``use_sluice_gmm``), token copies put in expert order and summed back by sluice's counting-sort
-  fan-out/fan-in (no argsort, no scatter-add in the backward), and ``sluice.ep.dispatch``/``combine``
-  for expert parallelism (``use_sluice_dispatch``).
+  fan-out/fan-in (no argsort, no scatter-add in the backward), each copy's router weight applied in
+  its SwiGLU (``sluice.swiglu``) so that nothing keeps the expert outputs for the weights' gradient,
+  and ``sluice.ep.dispatch``/``combine`` for expert parallelism (``use_sluice_dispatch``).
 
 Router (always fp32): softmax top-k, or DeepSeek-V3's sigmoid scores with a per-expert selection
 bias that no gradient trains; ``MoE.update_bias`` nudges it toward balance from the measured load
 after each step (aux-loss-free balancing), optional group-limited routing and a routed scaling
 factor. An optional Switch-style load-balance loss. SwiGLU experts in the compute dtype, weighted
-sums of expert outputs in fp32.
+sums of expert outputs in fp32 (the sluice path weights the activations and sums in fp32).
 
 Every call returns ``(y, stats)`` with ``stats = {"load": f32[E] routed token copies per expert
 (global), "dropped": f32 fraction of token copies dropped, "aux_loss": f32 load-balance loss (per
@@ -77,11 +78,6 @@ class MoEConfig:
     # default)
     ep_num_sms: int | None = None
     fsdp: bool = False  # also split the routed experts' weights over the data axis (along d_model)
-    # sluice only: the backward keeps the experts' outputs [M, D] for the router weights' gradient
-    # (fan_in's own VJP). False: it keeps only their activations [M, F] (kept anyway) and takes that
-    # gradient from them (see _down_fan_in): one [M, D] array less per MoE layer (dsv3-proxy on one
-    # H100 34.6 -> 31.2 GiB at the same tokens/s, at EP 2 35.5 -> 28.7 GiB at 1.7% fewer)
-    keep_expert_outputs: bool = True
     # the model recomputes its blocks in the backward pass (ModelConfig.remat); over sluice.ep, whose
     # communication jax.checkpoint cannot replay, the block recomputes its local part (fan-out, the
     # experts' SwiGLU, fan-in) and keeps only the received rows
@@ -201,15 +197,10 @@ def _sluice_gmm_unused_rows_unwritten(lhs, rhs, group_sizes):
     return sluice.gmm(lhs, rhs, group_sizes, zero_unused_rows=False)
 
 
-def _swiglu_act(xs, wi, group_sizes, gmm, groups_rows_only=False):
+def _swiglu_act(xs, wi, group_sizes, gmm):
     """xs sorted by expert, wi [E,D,2F] -> the SwiGLU activation [M,F], before the down
-    projection. groups_rows_only: sluice.swiglu over the groups' rows, the rest unwritten (for an
-    expert block sized past its rows, where XLA's element-wise ops would run over all M)."""
+    projection."""
     h = gmm(xs, wi, group_sizes)
-    if groups_rows_only:
-        import sluice
-
-        return sluice.swiglu(h, group_sizes, zero_unused_rows=False)
     gate, up = jnp.split(h, 2, axis=-1)
     return (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(xs.dtype)
 
@@ -219,66 +210,73 @@ def _swiglu_grouped(xs, wi, wo, group_sizes, gmm):
     return gmm(_swiglu_act(xs, wi, group_sizes, gmm), wo, group_sizes)
 
 
-def _down_fan_in(act, wo, fan, idx, gmm, out_dtype=None, keep_outputs=True):
-    """``ep.fan_in(gmm(act, wo, fan.group_sizes), fan, out_dtype=out_dtype)``: the experts' down
-    projection, summed back per token with the router weights; idx: the topk_idx fan_out made
-    ``fan`` from. With keep_outputs=False its backward keeps act (which the weight gradient needs
-    anyway) and not the expert outputs ys [M, D] that fan_in's own backward needs for the router
-    weights' gradient (one [M, D] array a MoE layer, 1 GiB at dsv3-proxy's EP 2), using
-    d weight[i, j] = <d out[i], ys[r]> = <d out[i] @ wo[g]^T, act[r]> for r = fan.pos[i, j]; d out
-    reaches the rows by fan_out (the same stable counting sort as the forward's, so the same rows)."""
-    if keep_outputs:
-        from sluice import ep
-
-        return ep.fan_in(gmm(act, wo, fan.group_sizes), fan, out_dtype=out_dtype)
-    return _down_fan_in_vjp(
-        act, wo, fan.weights, fan.pos, fan.group_sizes, idx, fan.num_local_experts,
-        fan.max_rows, gmm, jnp.dtype(out_dtype or act.dtype), fan.zero_unused_rows,
-    )  # fmt: skip
+def _row_weights(fan, m):
+    """Each expert-block row's router weight, f32 [M] (rows without a pair: 0). A scatter to unique
+    rows (a pair left out, pos -1, to its own row past M, dropped), so its transpose is a gather."""
+    pos = fan.pos.reshape(-1)
+    rows = jnp.where(pos >= 0, pos, m + jnp.arange(pos.shape[0], dtype=pos.dtype))
+    w = fan.weights.reshape(-1).astype(jnp.float32)
+    return jnp.zeros(m, jnp.float32).at[rows].set(w, mode="drop", unique_indices=True)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
-def _down_fan_in_vjp(act, wo, w, pos, group_sizes, idx, l, max_rows, gmm, out_dtype, zero):
+def _weighted_swiglu(xs, wi, group_sizes, row_w, gmm, kernel, zero_unused_rows):
+    """The gate/up projection and SwiGLU, each row times its router weight: act [M, F]. kernel:
+    sluice.swiglu (over the groups' rows only, the rest zeroed or left unwritten), else XLA's
+    element-wise ops over all M rows."""
+    h = gmm(xs, wi, group_sizes)
+    if kernel:
+        import sluice
+
+        return sluice.swiglu(h, group_sizes, row_weights=row_w, zero_unused_rows=zero_unused_rows)
+    gate, up = jnp.split(h, 2, axis=-1)
+    act = jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32) * row_w[:, None]
+    return act.astype(xs.dtype)
+
+
+def _expert_block(xs, wi, wo, fan, idx, gmm, out_dtype=None, kernel=False):
+    """The experts on fan_out's rows xs, summed back per token: ``ep.fan_in(swiglu_down(xs), fan)``
+    with the router weights applied to the activations before the down projection instead of to
+    its outputs (the same sum, in another order of rounding). So fan_in sums unweighted rows, and
+    nothing keeps the expert outputs [M, D] for the router weights' gradient: it is
+    sum_j d act[r, j] * (silu(gate) * up)[r, j], which sluice.swiglu's backward (or XLA's fusion of
+    it) sums from what it reads anyway. idx: the topk_idx fan_out made ``fan`` from; kernel: the
+    SwiGLU by sluice.swiglu (its unused rows as fan_out's: fan.zero_unused_rows)."""
+    row_w = _row_weights(fan, xs.shape[0])
+    act = _weighted_swiglu(xs, wi, fan.group_sizes, row_w, gmm, kernel, fan.zero_unused_rows)
+    ys = gmm(act, wo, fan.group_sizes)
+    out_dtype = jnp.dtype(out_dtype or ys.dtype)
+    return _fan_sum(
+        ys, fan.pos, idx, fan.num_local_experts, fan.max_rows, out_dtype, fan.zero_unused_rows
+    )
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _fan_sum(ys, pos, idx, l, max_rows, out_dtype, zero):
+    """fan_in with unit weights: out[i] = sum_j ys[pos[i, j]]. Its backward copies d out[i] to the
+    rows pos[i, :], by fan_out on the forward's topk_idx (the same stable counting sort, so the
+    same rows), and keeps no ys."""
     from sluice import ep
 
-    fan = ep.Fan(pos, w, group_sizes, l, max_rows, zero)
-    return ep.fan_in(gmm(act, wo, group_sizes), fan, out_dtype=out_dtype)
+    ones = jnp.where(pos >= 0, 1.0, 0.0).astype(jnp.float32)
+    return ep._fan_in_call(ys, ones, pos, l, out_dtype)
 
 
-def _down_fan_in_fwd(act, wo, w, pos, group_sizes, idx, l, max_rows, gmm, out_dtype, zero):
-    out = _down_fan_in_vjp(act, wo, w, pos, group_sizes, idx, l, max_rows, gmm, out_dtype, zero)
-    return out, (act, wo, w, pos, group_sizes, idx)
+def _fan_sum_fwd(ys, pos, idx, l, max_rows, out_dtype, zero):
+    return _fan_sum(ys, pos, idx, l, max_rows, out_dtype, zero), (idx, ys[:0])
 
 
-def _down_fan_in_bwd(l, max_rows, gmm, out_dtype, zero, res, dout):
+def _fan_sum_bwd(l, max_rows, out_dtype, zero, res, dout):
     from sluice import ep
 
     from ._vma import match_vma
 
-    act, wo, w, pos, group_sizes, idx = res
-    m = act.shape[0]
-    # d out, unweighted, at every row its token was copied to (rows without one: zeros, or with
-    # zero=False unwritten, as nothing below reads them but row-wise)
-    dys = ep._fan_out_call(dout.astype(act.dtype), idx, l, max_rows, zero)[0]
-    flat = pos.reshape(-1)
-    row_w = (  # each row's router weight (m: a pair left out, dropped)
-        jnp.zeros(m, jnp.float32)
-        .at[jnp.where(flat >= 0, flat, m)]
-        .set(w.reshape(-1).astype(jnp.float32), mode="drop")
-    )
-    # one vjp of the down projection at (weighted act, wo): d act (unweighted) = dys @ wo^T, and
-    # d wo = (row_w * act)^T @ dys, the same as (act)^T @ (row_w * dys)
-    act_w = (act.astype(jnp.float32) * row_w[:, None]).astype(act.dtype)
-    _, down_vjp = jax.vjp(lambda a, b: gmm(a, b, group_sizes), act_w, wo)
-    dact_unw, dwo = down_vjp(dys)
-    dact_unw = dact_unw.astype(jnp.float32)
-    row_dw = jnp.sum(dact_unw * act.astype(jnp.float32), axis=-1)
-    dw = jnp.where(pos >= 0, row_dw[jnp.maximum(pos, 0)], 0.0).astype(w.dtype)
-    dact = (dact_unw * row_w[:, None]).astype(act.dtype)
-    return match_vma(dact, act), dwo, match_vma(dw, w), None, None, None
+    idx, ys = res
+    # rows without a pair: zeros, or with zero=False unwritten (nothing but row-wise ops reads them)
+    dys = ep._fan_out_call(dout.astype(ys.dtype), idx, l, max_rows, zero)[0]
+    return match_vma(dys, ys), None, None
 
 
-_down_fan_in_vjp.defvjp(_down_fan_in_fwd, _down_fan_in_bwd)
+_fan_sum.defvjp(_fan_sum_fwd, _fan_sum_bwd)
 
 
 def _swiglu_batched(xb, wi, wo):
@@ -351,9 +349,12 @@ def _dropless_local(cfg, x, idx, weights, wi, wo, gmm):
         from sluice import ep
 
         xs, counts, fan = ep.fan_out_tokens(x, idx, weights, num_experts=cfg.num_experts)
-        act = _swiglu_act(xs, wi, counts, gmm)
-        y = _down_fan_in(act, wo, fan, idx, gmm, jnp.float32, cfg.keep_expert_outputs)
-        return y, counts
+        # sluice.swiglu on a GPU, where its weighted backward (one pass, the weights' gradient
+        # summed on the way) beats XLA's on a full block (0.74 vs 0.80 ms on one H100,
+        # bench/results/weights-in-act-h100x4-20261126/); XLA's fusion on the CPU, where it is
+        # the faster
+        kernel = jax.default_backend() == "gpu"
+        return _expert_block(xs, wi, wo, fan, idx, gmm, jnp.float32, kernel), counts
     xs, order, counts = _sort_by_expert(x, idx, cfg.num_experts)
     ys = _swiglu_grouped(xs, wi, wo, counts, gmm)
     y = ys[_inverse_permutation(order)].reshape(t, cfg.top_k, d)
@@ -462,9 +463,9 @@ def sluice_ep_available() -> bool:
 
 def _dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
     """Expert parallelism on sluice.ep: each token crosses once to each rank that owns any of its
-    experts; the receiver fans rows out by local expert (no argsort), and fan_in/combine sum the
-    weighted expert outputs in fp32 (rounded once per rank to the compute dtype for the trip
-    back)."""
+    experts; the receiver fans rows out by local expert (no argsort), the experts scale each copy
+    by its router weight in the SwiGLU, and fan_in/combine sum their outputs in fp32 (rounded once
+    per rank to the compute dtype for the trip back)."""
     from sluice import ep
 
     # With sluice's gmm the expert block's rows past the groups are never zeroed nor computed
@@ -487,8 +488,8 @@ def _dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
             max_rows=rows,
             zero_unused_rows=zero_unused,
         )
-        act = _swiglu_act(xs, wi, group_sizes, gmm, groups_rows_only=not zero_unused)
-        return _down_fan_in(act, wo, fan, ri, gmm, None, cfg.keep_expert_outputs), group_sizes
+        y = _expert_block(xs, wi, wo, fan, ri, gmm, None, kernel=not zero_unused)
+        return y, group_sizes
 
     # Under remat the whole local part (fan-out, the experts, fan-in: no communication) is one
     # recomputed region: it keeps only the received rows [T*R, H] for the backward pass instead of

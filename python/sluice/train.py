@@ -128,15 +128,6 @@ def parse_args(argv=None):
         "update (fused with it) instead of cast in every forward pass; the same arithmetic. "
         "--no-weight-copies: cast them where they are used",
     )
-    p.add_argument(
-        "--keep-expert-outputs",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="sluice path: the backward keeps each MoE layer's expert outputs for the router "
-        "weights' gradient. --no-keep-expert-outputs takes that gradient from the activations "
-        "instead: one [copies, d_model] array less per MoE layer (dsv3-proxy: -10%% memory on one "
-        "GPU at the same speed, -19%% at EP 2 at ~2%% fewer tokens/s)",
-    )
     p.add_argument("--n-layers", type=int, help="override the preset's layer count")
     p.add_argument(
         "--remat",
@@ -194,7 +185,6 @@ def build_config(a) -> tuple[ModelConfig, dict]:
         fsdp=a.fsdp,
         ep_rows_factor=a.ep_rows_factor,
         ep_num_sms=a.ep_sms,
-        keep_expert_outputs=a.keep_expert_outputs,
     )
     cfg = dataclasses.replace(cfg, moe=moe, attention=a.attention, remat=a.remat)
     if a.n_layers:

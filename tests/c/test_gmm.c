@@ -223,13 +223,15 @@ static void test_bad_inputs(void) {
       "cuda stub");
 }
 
-/* swiglu (f32) against the formula in double: the groups' rows computed, the rest zero whatever
- * skip_unused_rows says (the CPU zeroes them), outputs poisoned first; and its errors. */
+/* swiglu (f32) against the formula in double, unweighted and with row weights (then also their
+ * gradient): the groups' rows computed, the rest zero whatever skip_unused_rows says (the CPU
+ * zeroes them), outputs poisoned first; and its errors. */
 static void test_swiglu(void) {
-  for (int it = 0; it < 20; ++it) {
+  for (int it = 0; it < 40; ++it) {
     sl_swiglu_desc d = sl_swiglu_desc_default();
     d.rows = rand_int(0, 40), d.ff = rand_int(0, 13), d.num_groups = rand_int(1, 5);
     d.skip_unused_rows = it % 2;
+    const int weighted = (it / 2) % 2;
     const int64_t M = d.rows, F = d.ff;
     int32_t gs[5];
     int64_t used = 0;
@@ -240,38 +242,57 @@ static void test_swiglu(void) {
     float *h = malloc(sizeof(float) * (size_t)(2 * M * F + 1)),
           *da = malloc(sizeof(float) * (size_t)(M * F + 1)),
           *act = malloc(sizeof(float) * (size_t)(M * F + 1)),
-          *dh = malloc(sizeof(float) * (size_t)(2 * M * F + 1));
+          *dh = malloc(sizeof(float) * (size_t)(2 * M * F + 1)),
+          *w = malloc(sizeof(float) * (size_t)(M + 1)),
+          *dw = malloc(sizeof(float) * (size_t)(M + 1));
     for (int64_t i = 0; i < 2 * M * F; ++i) h[i] = 4.0f * rand_float(), dh[i] = NAN;
     for (int64_t i = 0; i < M * F; ++i) da[i] = rand_float(), act[i] = NAN;
-    CHECK(sl_swiglu_fwd_cpu(&d, h, gs, act) == SL_STATUS_SUCCESS, "swiglu: %s", sl_last_error());
-    CHECK(sl_swiglu_bwd_cpu(&d, da, h, gs, dh) == SL_STATUS_SUCCESS, "swiglu_bwd: %s",
+    for (int64_t r = 0; r < M; ++r) w[r] = rand_float(), dw[r] = NAN;
+    const float *wp = weighted ? w : NULL;
+    CHECK(sl_swiglu_fwd_cpu(&d, h, wp, gs, act) == SL_STATUS_SUCCESS, "swiglu: %s",
           sl_last_error());
-    for (int64_t r = 0; r < M; ++r)
+    CHECK(sl_swiglu_bwd_cpu(&d, da, h, wp, gs, dh, weighted ? dw : NULL) == SL_STATUS_SUCCESS,
+          "swiglu_bwd: %s", sl_last_error());
+    for (int64_t r = 0; r < M; ++r) {
+      const double wr = weighted ? w[r] : 1.0, on = r < used;
+      double wdw = 0.0;
       for (int64_t j = 0; j < F; ++j) {
         const double g = h[r * 2 * F + j], u = h[r * 2 * F + F + j], a = da[r * F + j];
-        const double s = 1.0 / (1.0 + exp(-g)), on = r < used;
-        const double want = on * g * s * u, wdg = on * a * u * s * (1.0 + g * (1.0 - s)),
-                     wdu = on * a * g * s;
+        const double s = 1.0 / (1.0 + exp(-g));
+        const double want = on * g * s * u * wr, wdg = on * a * wr * u * s * (1.0 + g * (1.0 - s)),
+                     wdu = on * a * wr * g * s;
+        wdw += on * a * g * s * u;
         CHECK(fabs(act[r * F + j] - want) <= 1e-5 * (1.0 + fabs(want)), "swiglu[%lld,%lld]",
               (long long)r, (long long)j);
         CHECK(fabs(dh[r * 2 * F + j] - wdg) <= 1e-5 * (1.0 + fabs(wdg)), "swiglu_bwd dgate");
         CHECK(fabs(dh[r * 2 * F + F + j] - wdu) <= 1e-5 * (1.0 + fabs(wdu)), "swiglu_bwd dup");
       }
-    free(h), free(da), free(act), free(dh);
+      if (weighted)
+        CHECK(fabs(dw[r] - wdw) <= 1e-5 * (1.0 + fabs(wdw)) * (1.0 + (double)F),
+              "swiglu_bwd drow_weights[%lld]: %g vs %g", (long long)r, dw[r], wdw);
+    }
+    free(h), free(da), free(act), free(dh), free(w), free(dw);
   }
   sl_swiglu_desc d = sl_swiglu_desc_default();
   d.rows = 4, d.ff = 2, d.num_groups = 2;
-  float h[16] = {0}, act[8], dh[16];
+  float h[16] = {0}, act[8], dh[16], w[4] = {1, 1, 1, 1};
   int32_t neg[2] = {3, -1}, over[2] = {3, 2}, ok[2] = {1, 2};
-  CHECK(sl_swiglu_fwd_cpu(&d, h, neg, act) == SL_STATUS_INVALID_VALUE, "swiglu negative size");
+  CHECK(sl_swiglu_fwd_cpu(&d, h, NULL, neg, act) == SL_STATUS_INVALID_VALUE,
+        "swiglu negative size");
   CHECK(strstr(sl_last_error(), "group_sizes[1] = -1") != NULL, "message: %s", sl_last_error());
-  CHECK(sl_swiglu_bwd_cpu(&d, act, h, over, dh) == SL_STATUS_INVALID_VALUE, "swiglu sum > M");
-  CHECK(sl_swiglu_fwd_cpu(&d, h, NULL, act) == SL_STATUS_INVALID_ARGUMENT, "swiglu NULL sizes");
+  CHECK(sl_swiglu_bwd_cpu(&d, act, h, NULL, over, dh, NULL) == SL_STATUS_INVALID_VALUE,
+        "swiglu sum > M");
+  CHECK(sl_swiglu_fwd_cpu(&d, h, NULL, NULL, act) == SL_STATUS_INVALID_ARGUMENT,
+        "swiglu NULL sizes");
+  CHECK(sl_swiglu_bwd_cpu(&d, act, h, w, ok, dh, NULL) == SL_STATUS_INVALID_ARGUMENT,
+        "swiglu weights without their gradient");
+  CHECK(strstr(sl_last_error(), "drow_weights") != NULL, "message: %s", sl_last_error());
   d.struct_size = 8;
-  CHECK(sl_swiglu_fwd_cpu(&d, h, ok, act) == SL_STATUS_INVALID_ARGUMENT, "swiglu struct_size");
+  CHECK(sl_swiglu_fwd_cpu(&d, h, NULL, ok, act) == SL_STATUS_INVALID_ARGUMENT,
+        "swiglu struct_size");
   d = sl_swiglu_desc_default();
   d.rows = 4, d.ff = 2, d.num_groups = 2, d.dtype = SL_DTYPE_I32;
-  CHECK(sl_swiglu_fwd_cpu(&d, h, ok, act) == SL_STATUS_INVALID_ARGUMENT, "swiglu i32");
+  CHECK(sl_swiglu_fwd_cpu(&d, h, NULL, ok, act) == SL_STATUS_INVALID_ARGUMENT, "swiglu i32");
 }
 
 int main(void) {

@@ -231,34 +231,41 @@ def test_fan_out_unused_rows_unwritten_gpu():
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize("m,f,g", [(3000, 256, 8), (517, 100, 3), (64, 7, 1), (33, 264, 5)])
-def test_swiglu_gpu(dtype, m, f, g):
-    """sluice.swiglu's CUDA kernels (16-byte vectors where F allows, else one element a thread)
-    against the reference: values and gradient; with zero_unused_rows=False only the groups' rows
-    are compared (the rest is whatever the buffer held)."""
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "row-weights"])
+def test_swiglu_gpu(dtype, m, f, g, weighted):
+    """sluice.swiglu's CUDA kernels (16-byte vectors where F allows, else one element a thread;
+    with row weights the backward's warp-per-row kernel) against the reference: values and
+    gradients; with zero_unused_rows=False only the groups' rows are compared (the rest is
+    whatever the buffer held)."""
     h = rand((m, 2 * f), dtype) * 3
+    w = rand((m,), jnp.float32) if weighted else None
     gs = groups(m - m // 5, g)
     used = int(np.sum(np.asarray(gs)))
     cot = rand((m, f), jnp.float32)
     tol = 1e-5 if dtype == jnp.float32 else 2e-2
 
-    def loss(h, zero=None):
+    def loss(h, w, zero=None):
         act = (
-            sluice.swiglu_reference(h, gs)
+            sluice.swiglu_reference(h, gs, w)
             if zero is None
-            else sluice.swiglu(h, gs, zero_unused_rows=zero)
+            else sluice.swiglu(h, gs, row_weights=w, zero_unused_rows=zero)
         )
         return jnp.sum(act.astype(jnp.float32) * cot)
 
-    ref = sluice.swiglu_reference(h, gs)
-    want = jax.grad(loss)(h)
+    args = (0, 1) if weighted else 0
+    ref = sluice.swiglu_reference(h, gs, w)
+    want = jax.grad(loss, args)(h, w)
     for zero in (True, False):
         act = jax.jit(sluice.swiglu, static_argnames="zero_unused_rows")(
-            h, gs, zero_unused_rows=zero
+            h, gs, row_weights=w, zero_unused_rows=zero
         )
         rows = slice(None) if zero else slice(0, used)
         assert rel_err(np.asarray(act[rows], np.float32), np.asarray(ref[rows], np.float32)) < tol
-        dh = jax.jit(jax.grad(loss), static_argnums=1)(h, zero)
-        assert rel_err(np.asarray(dh[rows], np.float32), np.asarray(want[rows], np.float32)) < tol
+        got = jax.jit(jax.grad(loss, args), static_argnums=2)(h, w, zero)
+        for a, b in zip(got if weighted else (got,), want if weighted else (want,)):
+            assert rel_err(np.asarray(a[rows], np.float32), np.asarray(b[rows], np.float32)) < tol
+        if weighted:
+            assert not np.asarray(got[1][used:]).any()  # d w past the groups: zero, always
 
 
 def test_swiglu_poison_and_bad_sizes_gpu():
@@ -273,40 +280,65 @@ def test_swiglu_poison_and_bad_sizes_gpu():
 
     lib = _lib.lib
     vp = ctypes.c_void_p
-    lib.sl_swiglu_fwd_cuda.argtypes = [ctypes.POINTER(Desc), vp, vp, vp, vp]
-    lib.sl_swiglu_bwd_cuda.argtypes = [ctypes.POINTER(Desc), vp, vp, vp, vp, vp]
+    lib.sl_swiglu_fwd_cuda.argtypes = [ctypes.POINTER(Desc), vp, vp, vp, vp, vp]
+    lib.sl_swiglu_bwd_cuda.argtypes = [ctypes.POINTER(Desc), vp, vp, vp, vp, vp, vp, vp]
     m, f = 301, 136
     h_np = (RNG.standard_normal((m, 2 * f)) * 3).astype(np.float32)
     da_np = RNG.standard_normal((m, f)).astype(np.float32)
+    w_np = RNG.standard_normal(m).astype(np.float32)
     s = 1 / (1 + np.exp(-h_np[:, :f].astype(np.float64)))
     g64, u64 = h_np[:, :f].astype(np.float64), h_np[:, f:].astype(np.float64)
-    act_ref = g64 * s * u64
-    dh_ref = np.concatenate([da_np * u64 * s * (1 + g64 * (1 - s)), da_np * g64 * s], axis=1)
-    h, da = cp.asarray(h_np), cp.asarray(da_np)
-    for sizes, used in (([100, 0, 120], 220), ([200, -5, 300], m), ([0], 0), ([m], m)):
-        for skip in (0, 1):
-            d = Desc(ctypes.sizeof(Desc), m, f, len(sizes), 0, skip)
-            gs = cp.asarray(np.asarray(sizes, np.int32))
-            act = cp.full((m, f), np.nan, cp.float32)
-            dh = cp.full((m, 2 * f), np.nan, cp.float32)
-            assert (
-                lib.sl_swiglu_fwd_cuda(ctypes.byref(d), h.data.ptr, gs.data.ptr, act.data.ptr, None)
-                == 0
-            )
-            assert (
-                lib.sl_swiglu_bwd_cuda(
-                    ctypes.byref(d), da.data.ptr, h.data.ptr, gs.data.ptr, dh.data.ptr, None
+    h, da, w = cp.asarray(h_np), cp.asarray(da_np), cp.asarray(w_np)
+    for weighted in (False, True):
+        wr = w_np.astype(np.float64)[:, None] if weighted else 1.0
+        act_ref = g64 * s * u64 * wr
+        dh_ref = np.concatenate(
+            [da_np * wr * u64 * s * (1 + g64 * (1 - s)), da_np * wr * g64 * s], axis=1
+        )
+        dw_ref = (da_np * g64 * s * u64).sum(axis=1)
+        wp = w.data.ptr if weighted else None
+        for sizes, used in (([100, 0, 120], 220), ([200, -5, 300], m), ([0], 0), ([m], m)):
+            for skip in (0, 1):
+                d = Desc(ctypes.sizeof(Desc), m, f, len(sizes), 0, skip)
+                gs = cp.asarray(np.asarray(sizes, np.int32))
+                act = cp.full((m, f), np.nan, cp.float32)
+                dh = cp.full((m, 2 * f), np.nan, cp.float32)
+                dw = cp.full((m,), np.nan, cp.float32)
+                dwp = dw.data.ptr if weighted else None
+                assert (
+                    lib.sl_swiglu_fwd_cuda(
+                        ctypes.byref(d), h.data.ptr, wp, gs.data.ptr, act.data.ptr, None
+                    )
+                    == 0
                 )
-                == 0
-            )
-            cp.cuda.Device().synchronize()
-            a, b = act.get(), dh.get()
-            np.testing.assert_allclose(a[:used], act_ref[:used], rtol=1e-4, atol=1e-4)
-            np.testing.assert_allclose(b[:used], dh_ref[:used], rtol=1e-4, atol=1e-4)
-            if skip:
-                assert np.isnan(a[used:]).all() and np.isnan(b[used:]).all()
-            else:
-                assert not a[used:].any() and not b[used:].any()
+                assert (
+                    lib.sl_swiglu_bwd_cuda(
+                        ctypes.byref(d), da.data.ptr, h.data.ptr, wp, gs.data.ptr, dh.data.ptr,
+                        dwp, None,
+                    )
+                    == 0
+                )  # fmt: skip
+                cp.cuda.Device().synchronize()
+                a, b, c = act.get(), dh.get(), dw.get()
+                np.testing.assert_allclose(a[:used], act_ref[:used], rtol=1e-4, atol=1e-4)
+                np.testing.assert_allclose(b[:used], dh_ref[:used], rtol=1e-4, atol=1e-4)
+                if weighted:
+                    np.testing.assert_allclose(c[:used], dw_ref[:used], rtol=1e-4, atol=1e-3)
+                    assert not c[used:].any()  # always zeroed
+                else:
+                    assert np.isnan(c).all()  # never touched
+                if skip:
+                    assert np.isnan(a[used:]).all() and np.isnan(b[used:]).all()
+                else:
+                    assert not a[used:].any() and not b[used:].any()
+        # weights without their gradient: an error, nothing launched
+        d = Desc(ctypes.sizeof(Desc), m, f, 1, 0, 0)
+        gs = cp.asarray(np.asarray([m], np.int32))
+        st = lib.sl_swiglu_bwd_cuda(
+            ctypes.byref(d), da.data.ptr, h.data.ptr, w.data.ptr, gs.data.ptr, dh.data.ptr, None,
+            None,
+        )  # fmt: skip
+        assert st != 0
 
 
 def test_model_cudnn_attention_matches_xla_gpu():
@@ -380,15 +412,14 @@ def _moe_errors(got, ref):
     return {k: rel_err(np.asarray(got[k], np.float32), np.asarray(ref[k], np.float32)) for k in ref}
 
 
-@pytest.mark.parametrize("keep", [True, False], ids=["keep-expert-outputs", "no-keep"])
 @pytest.mark.parametrize("over_all_gpus", [False, True], ids=["one-gpu", "ep-all-gpus"])
-def test_moe_sluice_matches_ragged_dot_gpu(over_all_gpus, keep):
-    """The MoE layer's sluice path (sluice.gmm and the fan ops; over every GPU also sluice.ep; with
-    keep_expert_outputs=False the down projection and fan-in whose backward keeps no expert outputs)
-    against the ragged_dot path on one GPU: output and every gradient (router weights included)."""
+def test_moe_sluice_matches_ragged_dot_gpu(over_all_gpus):
+    """The MoE layer's sluice path (sluice.gmm, the fan ops and the router weights applied in the
+    SwiGLU; over every GPU also sluice.ep and sluice.swiglu's weighted kernels) against the
+    ragged_dot path on one GPU: output and every gradient (router weights included)."""
     pytest.importorskip("flax")
     ref = _moe_layer_grads("ragged_dot", False)
-    errs = _moe_errors(_moe_layer_grads("sluice", over_all_gpus, keep_expert_outputs=keep), ref)
+    errs = _moe_errors(_moe_layer_grads("sluice", over_all_gpus), ref)
     assert max(errs.values()) < 2e-2, errs
 
 

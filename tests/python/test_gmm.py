@@ -335,6 +335,39 @@ def test_swiglu_vs_reference_and_grad(dtype, m, f, sizes, zero):
     assert rel_err(vm, jnp.stack([sluice.swiglu_reference(x, gs) for x in hb])) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("m,f,sizes", [(37, 24, [9, 0, 20]), (16, 5, [16]), (8, 3, [0, 0])])
+@pytest.mark.parametrize("zero", [True, False], ids=["zeroed", "unwritten"])
+def test_swiglu_row_weights_vs_reference_and_grad(dtype, m, f, sizes, zero):
+    """sluice.swiglu with row weights: values and both gradients (h and the weights) against the
+    jnp reference, under jit and vmap; the weights' gradient is zero past the groups."""
+    h = rand((m, 2 * f), dtype) * 3
+    w = rand((m,), jnp.float32)
+    gs = jnp.asarray(sizes, jnp.int32)
+    fn = functools.partial(sluice.swiglu, zero_unused_rows=zero)
+    act = jax.jit(lambda h, w: fn(h, gs, row_weights=w))(h, w)
+    ref = sluice.swiglu_reference(h, gs, w)
+    assert act.shape == (m, f) and act.dtype == dtype
+    assert rel_err(act, ref) < TOL[dtype]
+    used = sum(sizes)
+    cot = rand((m, f), jnp.float32)
+
+    def loss(fn, h, w):
+        return jnp.sum(fn(h, gs, row_weights=w).astype(jnp.float32) * cot)
+
+    dh, dw = jax.jit(jax.grad(functools.partial(loss, fn), (0, 1)))(h, w)
+    ref_fn = lambda h, gs, row_weights: sluice.swiglu_reference(h, gs, row_weights)
+    want_dh, want_dw = jax.grad(functools.partial(loss, ref_fn), (0, 1))(h, w)
+    assert rel_err(dh, want_dh) < TOL[dtype]
+    assert dw.dtype == jnp.float32 and rel_err(dw, want_dw) < TOL[dtype]
+    assert not np.asarray(dw[used:]).any() and not np.asarray(dh[used:], np.float32).any()
+    vm = jax.vmap(lambda x, v: sluice.swiglu(x, gs, row_weights=v))(
+        jnp.stack([h, 2 * h]), jnp.stack([w, -w])
+    )
+    want = jnp.stack([ref_fn(h, gs, w), ref_fn(2 * h, gs, -w)])
+    assert rel_err(vm, want) < TOL[dtype]
+
+
 def test_swiglu_all_rows_by_default_and_in_shard_map():
     h = rand((24, 16), jnp.float32)
     assert rel_err(sluice.swiglu(h), sluice.swiglu_reference(h)) < 1e-6
@@ -358,6 +391,10 @@ def test_swiglu_bad_input(args, exc, msg):
         sluice.swiglu(jnp.zeros(shape, jnp.float32), gs)
     with pytest.raises(TypeError, match="h must be float32, bfloat16 or float16"):
         sluice.swiglu(jnp.zeros((4, 4), jnp.int32))
+    with pytest.raises(ValueError, match="row_weights must be \\[M\\] = \\[4\\]"):
+        sluice.swiglu(jnp.zeros((4, 4), jnp.float32), row_weights=jnp.ones(3))
+    with pytest.raises(TypeError, match="row_weights must be floating"):
+        sluice.swiglu(jnp.zeros((4, 4), jnp.float32), row_weights=jnp.ones(4, jnp.int32))
     with pytest.raises(TypeError, match="zero_unused_rows must be a bool"):
         sluice.swiglu(jnp.zeros((4, 4)), zero_unused_rows=1)
 

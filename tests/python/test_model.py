@@ -142,13 +142,12 @@ def _records(out, kind):
 @pytest.mark.parametrize(
     "fsdp,states,accum",
     [(False, "float32", 1), (True, "float32", 1), (False, "bfloat16", 1), (True, "float32", 2)],
-    ids=["ep", "ep+fsdp", "ep+bf16-moments+no-keep-expert-outputs", "ep+fsdp+grad-accum+remat"],
+    ids=["ep", "ep+fsdp", "ep+bf16-moments", "ep+fsdp+grad-accum+remat"],
 )
 def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp, states, accum):
     """Eight steps of a two-layer tiny model, data- and expert-parallel over four CPU devices with
     the sluice path (with fsdp: expert weights and their optimizer state also split over the data
-    axis; bf16-moments: AdamW's moments kept in bfloat16, and the MoE backward keeping no expert
-    outputs (the router weights' gradient from the activations); grad-accum+remat: each step's
+    axis; bf16-moments: AdamW's moments kept in bfloat16; grad-accum+remat: each step's
     batch in two micro-batches, every block recomputed in the backward pass); then the run is
     resumed from its step-4 checkpoint and must end on the same loss."""
     from sluice import train
@@ -193,8 +192,6 @@ def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp, states, accum)
     argv[:0] = ["--opt-state-dtype", states, "--grad-accum", str(accum)]
     if accum > 1:
         argv.insert(0, "--remat")
-    if states == "bfloat16":
-        argv.insert(0, "--no-keep-expert-outputs")
     train.main(argv)
     steps = _records(out, "train")
     assert [r["step"] for r in steps] == list(range(2, 9))
