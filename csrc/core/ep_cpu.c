@@ -486,6 +486,9 @@ sl_status sl_ep_fan_in_bwd_cpu(const sl_ep_fan_desc *d, const void *dout, const 
   (void)group_sizes; /* every row is written here: the named ones below, the rest zeroed first */
   sl_status st = check_fan(d, "fan_in_bwd");
   if (st || (st = check_pos(d, pos, "fan_in_bwd"))) return st;
+  if ((ys == NULL) != (dw == NULL))
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep fan_in_bwd: ys and dw must be both given or both NULL (no dw)");
   const int64_t N = d->num_rows, H = d->hidden, k = d->topk, M = sl_ep_fan_rows(d);
   float *g = malloc(((size_t)H + 1) * sizeof *g), *yrow = malloc(((size_t)H + 1) * sizeof *yrow);
   if (!g || !yrow) {
@@ -501,14 +504,16 @@ sl_status sl_ep_fan_in_bwd_cpu(const sl_ep_fan_desc *d, const void *dout, const 
     for (int64_t j = 0; j < k; ++j) {
       const int32_t p = pos[i * k + j];
       if (p < 0) {
-        dw[i * k + j] = 0.0f;
+        if (dw) dw[i * k + j] = 0.0f;
         continue;
       }
-      for (int64_t h = 0; h < H; ++h) yrow[h] = 0.0f;
-      ep_row_accumulate(d->x_dtype, ys, p, H, 1.0f, yrow);
-      float dot = 0.0f;
-      for (int64_t h = 0; h < H; ++h) dot += g[h] * yrow[h];
-      dw[i * k + j] = dot;
+      if (dw) {
+        for (int64_t h = 0; h < H; ++h) yrow[h] = 0.0f;
+        ep_row_accumulate(d->x_dtype, ys, p, H, 1.0f, yrow);
+        float dot = 0.0f;
+        for (int64_t h = 0; h < H; ++h) dot += g[h] * yrow[h];
+        dw[i * k + j] = dot;
+      }
       for (int64_t h = 0; h < H; ++h) yrow[h] = w[i * k + j] * g[h];
       ep_row_store(d->x_dtype, yrow, H, dys, p);
     }

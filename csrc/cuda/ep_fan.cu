@@ -309,7 +309,7 @@ __device__ __forceinline__ void raw8_to_f32(const Raw8 &r, float *f) {
 /* Slots j0 .. j0 + kBatch - 1 of the warp's row: their places in ys (-1 past k, masked, or out of
  * range) and weights, from lanes j0 + b, and (lanes whose 8 elements at h lie in the row) their
  * rows' 8 elements at h, loaded together. */
-template <int XT>
+template <int XT, bool Load = true>
 __device__ __forceinline__ void load_slots(int p, float wt, int j0, int64_t k, const void *ys,
                                            int64_t H, int64_t h, int *pj, float *wj, Raw8 *r) {
 #pragma unroll
@@ -319,9 +319,10 @@ __device__ __forceinline__ void load_slots(int p, float wt, int j0, int64_t k, c
     wj[b] = __shfl_sync(0xffffffffu, wt, src);
     if (j0 + b >= k) pj[b] = -1;
   }
+  if (Load)
 #pragma unroll
-  for (int b = 0; b < kBatch; ++b)
-    if (pj[b] >= 0 && h < H) r[b] = load_raw8<XT>(ys, (int64_t)pj[b] * H + h);
+    for (int b = 0; b < kBatch; ++b)
+      if (pj[b] >= 0 && h < H) r[b] = load_raw8<XT>(ys, (int64_t)pj[b] * H + h);
 }
 
 /* XT: a.x_dtype as a template argument, so that the kBatch loads in flight hold their raw 16-byte
@@ -370,10 +371,11 @@ __global__ void __launch_bounds__(256) fan_in_kernel(FanInArgs a) {
   }
 }
 
-/* dys[pos[i,j]] = w[i,j] * dout[i]; dw[i,j] = <dout[i], ys[pos[i,j]]>. A warp per row i: each
- * 256-element slice of dout[i] is read once and serves all k slots, kBatch slots' loads in flight
- * together; lane j keeps slot j's dot product (f32, summed slice by slice in a fixed order). */
-template <int XT>
+/* dys[pos[i,j]] = w[i,j] * dout[i]; dw[i,j] = <dout[i], ys[pos[i,j]]> (Dot; else no ys read, no
+ * dw). A warp per row i: each 256-element slice of dout[i] is read once and serves all k slots,
+ * kBatch slots' loads in flight together; lane j keeps slot j's dot product (f32, summed slice by
+ * slice in a fixed order). */
+template <int XT, bool Dot>
 __global__ void __launch_bounds__(256) fan_in_bwd_kernel(FanInArgs a) {
   const sl_dtype xt = (sl_dtype)XT;
   const int lane = threadIdx.x & 31;
@@ -391,23 +393,28 @@ __global__ void __launch_bounds__(256) fan_in_bwd_kernel(FanInArgs a) {
           int pj[kBatch];
           float wj[kBatch], part[kBatch];
           Raw8 r[kBatch];
-          load_slots<XT>(p, wt, j0, a.k, a.ys, a.H, h, pj, wj, r);
+          load_slots<XT, Dot>(p, wt, j0, a.k, a.ys, a.H, h, pj, wj, r);
 #pragma unroll
           for (int b = 0; b < kBatch; ++b) {
             part[b] = 0.0f;
             if (pj[b] >= 0 && in) {
               float y[8], s[8];
-              raw8_to_f32<XT>(r[b], y);
-              for (int q = 0; q < 8; ++q) part[b] += g[q] * y[q], s[q] = wj[b] * g[q];
+              if (Dot) raw8_to_f32<XT>(r[b], y);
+              for (int q = 0; q < 8; ++q) {
+                if (Dot) part[b] += g[q] * y[q];
+                s[q] = wj[b] * g[q];
+              }
               store8(xt, a.dys, (int64_t)pj[b] * a.H + h, s);
             }
           }
-          for (int o = 16; o; o >>= 1)
+          if (Dot) {
+            for (int o = 16; o; o >>= 1)
 #pragma unroll
-            for (int b = 0; b < kBatch; ++b) part[b] += __shfl_xor_sync(0xffffffffu, part[b], o);
+              for (int b = 0; b < kBatch; ++b) part[b] += __shfl_xor_sync(0xffffffffu, part[b], o);
 #pragma unroll
-          for (int b = 0; b < kBatch; ++b)
-            if (lane == j0 + b) dot += part[b];
+            for (int b = 0; b < kBatch; ++b)
+              if (lane == j0 + b) dot += part[b];
+          }
         }
       }
     } else { /* rows not a multiple of 16 bytes: an element per lane, a slot at a time */
@@ -417,14 +424,16 @@ __global__ void __launch_bounds__(256) fan_in_bwd_kernel(FanInArgs a) {
         float part = 0.0f;
         for (int64_t h = lane; pj >= 0 && h < a.H; h += 32) {
           const float g = load1(a.out_dtype, a.dout, i * a.H + h);
-          part += g * load1(xt, a.ys, (int64_t)pj * a.H + h);
+          if (Dot) part += g * load1(xt, a.ys, (int64_t)pj * a.H + h);
           store1(xt, a.dys, (int64_t)pj * a.H + h, wj * g);
         }
-        for (int o = 16; o; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-        if (lane == j) dot = part;
+        if (Dot) {
+          for (int o = 16; o; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+          if (lane == j) dot = part;
+        }
       }
     }
-    if (lane < a.k) a.dw[i * a.k + lane] = p >= 0 ? dot : 0.0f;
+    if (Dot && lane < a.k) a.dw[i * a.k + lane] = p >= 0 ? dot : 0.0f;
   }
 }
 
@@ -527,6 +536,9 @@ extern "C" sl_status sl_ep_fan_in_bwd_cuda(const sl_ep_fan_desc *d, const void *
                                            void *stream) {
   sl_status st = check(d, "fan_in_bwd");
   if (st) return st;
+  if ((ys == nullptr) != (dw == nullptr))
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep fan_in_bwd: ys and dw must be both given or both NULL (no dw)");
   cudaStream_t s = (cudaStream_t)stream;
   FanInArgs a = {};
   a.ys = ys, a.dout = dout, a.w = w, a.pos = pos, a.dys = dys, a.dw = dw;
@@ -535,7 +547,10 @@ extern "C" sl_status sl_ep_fan_in_bwd_cuda(const sl_ep_fan_desc *d, const void *
   const int64_t row_bytes = a.H * (int64_t)sl_dtype_size(a.x_dtype);
   if (a.N > 0)
     by_x_dtype(a.x_dtype, [&](auto xt) {
-      fan_in_bwd_kernel<decltype(xt)::value><<<blocks_for(a.N, 8), 256, 0, s>>>(a);
+      if (dw)
+        fan_in_bwd_kernel<decltype(xt)::value, true><<<blocks_for(a.N, 8), 256, 0, s>>>(a);
+      else
+        fan_in_bwd_kernel<decltype(xt)::value, false><<<blocks_for(a.N, 8), 256, 0, s>>>(a);
     });
   if (a.M > 0 && !d->skip_unused_rows)
     fan_zero_tail_kernel<<<blocks_for(a.M, 8), 256, 0, s>>>((char *)dys, a.M, row_bytes, nullptr,

@@ -14,8 +14,8 @@
  * - fan_out: recv_x [N,H], recv_idx [N,k] -> xs [M,H], group_sizes s32 [L], pos s32 [N,k],
  *   workspace u8 [sl_ep_fan_workspace_size] (CUDA scratch)
  * - fan_in: ys [M,H], w f32 [N,k], pos [N,k] -> out [N,H]
- * - fan_in_bwd: dout [N,H], ys [M,H], w [N,k], pos [N,k], group_sizes [L] -> dys [M,H],
- *   dw f32 [N,k]
+ * - fan_in_bwd (attribute with_dw): dout [N,H], (ys [M,H],) w [N,k], pos [N,k], group_sizes [L]
+ *   -> dys [M,H] (, dw f32 [N,k])
  */
 #include <string.h>
 
@@ -251,26 +251,24 @@ static XLA_FFI_Error *fan_out(XLA_FFI_CallFrame *f, int on_cuda) {
                                       ws->data, stream));
 }
 
-/* fan_in and fan_in_bwd share their operands' checks: (dout,) ys, w, pos. */
-static XLA_FFI_Error *fan_in_common(ctx c, int bwd, sl_ep_fan_desc *d) {
-  const XLA_FFI_CallFrame *f = c.f;
+/* fan_in and fan_in_bwd share their operands' checks: the expert rows (ys, or dys where the
+ * backward reads no ys) [M, H], w, pos, and the token rows (out or dout) [N, H]. */
+static XLA_FFI_Error *fan_in_common(ctx c, const XLA_FFI_Buffer *ys, const XLA_FFI_Buffer *w,
+                                    const XLA_FFI_Buffer *pos, const XLA_FFI_Buffer *o_rows,
+                                    const char *ys_name, const char *o_name, sl_ep_fan_desc *d) {
   TRY(fan_attrs(c, d));
-  const int o = bwd ? 1 : 0;
-  const XLA_FFI_Buffer *ys = sl_ffi_arg(f, o), *w = sl_ffi_arg(f, o + 1),
-                       *pos = sl_ffi_arg(f, o + 2);
   if (pos->rank != 2) return expect(c, pos, "pos", 2, (int64_t[]){-1, -1}, S32);
   d->num_rows = pos->dims[0];
   d->topk = pos->dims[1];
-  if (ys->rank != 2) return expect(c, ys, "ys", 2, (int64_t[]){-1, -1}, -1);
-  TRY(float_dtype(c, ys, "ys", &d->x_dtype));
+  if (ys->rank != 2) return expect(c, ys, ys_name, 2, (int64_t[]){-1, -1}, -1);
+  TRY(float_dtype(c, ys, ys_name, &d->x_dtype));
   d->hidden = ys->dims[1];
   const int64_t N = d->num_rows, k = d->topk, M = sl_ep_fan_rows(d);
-  TRY(expect(c, ys, "ys", 2, (int64_t[]){M, d->hidden}, -1));
+  TRY(expect(c, ys, ys_name, 2, (int64_t[]){M, d->hidden}, -1));
   TRY(expect(c, w, "weights", 2, (int64_t[]){N, k}, F32));
   TRY(expect(c, pos, "pos", 2, (int64_t[]){N, k}, S32));
-  const XLA_FFI_Buffer *o_rows = bwd ? sl_ffi_arg(f, 0) : sl_ffi_ret(f, 0);
-  TRY(float_dtype(c, o_rows, bwd ? "dout" : "out", &d->out_dtype));
-  TRY(expect(c, o_rows, bwd ? "dout" : "out", 2, (int64_t[]){N, d->hidden}, -1));
+  TRY(float_dtype(c, o_rows, o_name, &d->out_dtype));
+  TRY(expect(c, o_rows, o_name, 2, (int64_t[]){N, d->hidden}, -1));
   return NULL;
 }
 
@@ -279,7 +277,8 @@ static XLA_FFI_Error *fan_in(XLA_FFI_CallFrame *f, int on_cuda) {
   ctx c = {f, "fan_in"};
   TRY(sl_ffi_check_frame(f, c.op, 3, 1));
   sl_ep_fan_desc d;
-  TRY(fan_in_common(c, 0, &d));
+  TRY(fan_in_common(c, sl_ffi_arg(f, 0), sl_ffi_arg(f, 1), sl_ffi_arg(f, 2), sl_ffi_ret(f, 0), "ys",
+                    "out", &d));
   const void *ys = sl_ffi_arg(f, 0)->data, *w = sl_ffi_arg(f, 1)->data,
              *pos = sl_ffi_arg(f, 2)->data;
   void *out = sl_ffi_ret(f, 0)->data;
@@ -289,26 +288,34 @@ static XLA_FFI_Error *fan_in(XLA_FFI_CallFrame *f, int on_cuda) {
   return status(c, sl_ep_fan_in_cuda(&d, ys, w, pos, out, stream));
 }
 
+/* Attribute with_dw: 1 = operands dout, ys, w, pos, group_sizes -> dys, dw; 0 = dout, w, pos,
+ * group_sizes -> dys (weights that need no gradient; ys not read). */
 static XLA_FFI_Error *fan_in_bwd(XLA_FFI_CallFrame *f, int on_cuda) {
   if (sl_ffi_answer_metadata(f, 0)) return NULL;
   ctx c = {f, "fan_in_bwd"};
-  TRY(sl_ffi_check_frame(f, c.op, 5, 2));
+  int64_t with_dw = 1;
+  TRY(sl_ffi_int_attr(f, c.op, "with_dw", &with_dw));
+  with_dw = with_dw != 0;
+  TRY(sl_ffi_check_frame(f, c.op, 4 + with_dw, 1 + with_dw));
+  const int o = (int)with_dw; /* ys's slot shifts the rest */
+  const XLA_FFI_Buffer *dout = sl_ffi_arg(f, 0), *ys = with_dw ? sl_ffi_arg(f, 1) : NULL,
+                       *w = sl_ffi_arg(f, 1 + o), *pos = sl_ffi_arg(f, 2 + o),
+                       *gs = sl_ffi_arg(f, 3 + o);
+  XLA_FFI_Buffer *dys = sl_ffi_ret(f, 0), *dw = with_dw ? sl_ffi_ret(f, 1) : NULL;
   sl_ep_fan_desc d;
-  TRY(fan_in_common(c, 1, &d));
-  const XLA_FFI_Buffer *ys = sl_ffi_arg(f, 1), *gs = sl_ffi_arg(f, 4);
+  TRY(fan_in_common(c, ys ? ys : dys, w, pos, dout, ys ? "ys" : "dys", "dout", &d));
   TRY(expect(c, gs, "group_sizes", 1, (int64_t[]){d.num_local_experts}, S32));
-  XLA_FFI_Buffer *dys = sl_ffi_ret(f, 0), *dw = sl_ffi_ret(f, 1);
-  TRY(expect(c, dys, "dys", 2, (int64_t[]){sl_ep_fan_rows(&d), d.hidden}, ys->dtype));
-  TRY(expect(c, dw, "dw", 2, (int64_t[]){d.num_rows, d.topk}, F32));
-  const void *dout = sl_ffi_arg(f, 0)->data, *w = sl_ffi_arg(f, 2)->data,
-             *pos = sl_ffi_arg(f, 3)->data;
+  if (ys) TRY(expect(c, dys, "dys", 2, (int64_t[]){sl_ep_fan_rows(&d), d.hidden}, ys->dtype));
+  if (dw) TRY(expect(c, dw, "dw", 2, (int64_t[]){d.num_rows, d.topk}, F32));
+  const void *ysp = ys ? ys->data : NULL;
+  float *dwp = dw ? (float *)dw->data : NULL;
   if (!on_cuda)
-    return status(c,
-                  sl_ep_fan_in_bwd_cpu(&d, dout, ys->data, w, pos, gs->data, dys->data, dw->data));
+    return status(
+        c, sl_ep_fan_in_bwd_cpu(&d, dout->data, ysp, w->data, pos->data, gs->data, dys->data, dwp));
   void *stream;
   TRY(stream_of(c, &stream));
-  return status(
-      c, sl_ep_fan_in_bwd_cuda(&d, dout, ys->data, w, pos, gs->data, dys->data, dw->data, stream));
+  return status(c, sl_ep_fan_in_bwd_cuda(&d, dout->data, ysp, w->data, pos->data, gs->data,
+                                         dys->data, dwp, stream));
 }
 
 #define HANDLERS(name)                                                               \

@@ -666,7 +666,17 @@ def _fan_in_call(ys, w, pos, l, out_dtype):
     return call(ys, w, pos, **_fan_attrs(l, ys.shape[0], True))[0]
 
 
-def _fan_in_bwd_call(dout, ys, w, pos, group_sizes, l, zero_unused_rows=True):
+def _fan_in_bwd_call(dout, ys, w, pos, group_sizes, l, zero_unused_rows=True, m=None):
+    """(dys, dw); ys None: dys alone, not reading ys (weights that need no gradient; m: its rows)."""
+    if ys is None:
+        v = _vary_kw(dout, w, pos, group_sizes)
+        call = jax.ffi.ffi_call(
+            "sluice_ep_fan_in_bwd",
+            (_sds((m, dout.shape[1]), dout.dtype, v),),
+            vmap_method="sequential",
+        )
+        attrs = _fan_attrs(l, m, zero_unused_rows)
+        return call(dout, w, pos, group_sizes, with_dw=np.int64(0), **attrs)[0]
     v = _vary_kw(dout, ys, w, pos, group_sizes)
     call = jax.ffi.ffi_call(
         "sluice_ep_fan_in_bwd",
@@ -679,6 +689,7 @@ def _fan_in_bwd_call(dout, ys, w, pos, group_sizes, l, zero_unused_rows=True):
         w,
         pos,
         group_sizes,
+        with_dw=np.int64(1),
         **_fan_attrs(l, ys.shape[0], zero_unused_rows),
     )
 
@@ -890,8 +901,37 @@ def _fan_in_bwd(l, out_dtype, zero_unused_rows, res, dout):
 _fan_in.defvjp(_fan_in_fwd, _fan_in_bwd)
 
 
-def fan_in(ys, fan: Fan, *, out_dtype=None):
-    """out[i] = sum_j fan.weights[i, j] * ys[fan.pos[i, j]] (f32, slot order). See the module docstring."""
+def _ones(pos):
+    return jnp.where(pos >= 0, 1.0, 0.0).astype(jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _fan_sum(ys, pos, group_sizes, l, out_dtype, zero_unused_rows):
+    return _fan_in_call(ys, _ones(pos), pos, l, out_dtype)
+
+
+def _fan_sum_fwd(ys, pos, group_sizes, l, out_dtype, zero_unused_rows):
+    # keeps the layout and ys's shape, not ys: the backward copies d out to the rows
+    out = _fan_sum(ys, pos, group_sizes, l, out_dtype, zero_unused_rows)
+    return out, (pos, group_sizes, ys[:, :0])  # [M, 0]: ys's rows and type, no data
+
+
+def _fan_sum_bwd(l, out_dtype, zero_unused_rows, res, dout):
+    pos, group_sizes, ys = res
+    m = ys.shape[0]
+    d = dout.astype(ys.dtype)
+    dys = _fan_in_bwd_call(d, None, _ones(pos), pos, group_sizes, l, zero_unused_rows, m)
+    return match_vma(dys, ys), None, None
+
+
+_fan_sum.defvjp(_fan_sum_fwd, _fan_sum_bwd)
+
+
+def fan_in(ys, fan: Fan, *, out_dtype=None, weighted: bool = True):
+    """out[i] = sum_j fan.weights[i, j] * ys[fan.pos[i, j]] (f32, slot order). See the module docstring.
+    weighted=False sums the rows unweighted (for experts that applied the weights themselves, e.g.
+    ``sluice.swiglu(..., row_weights=...)``): its backward copies d out to the rows and keeps no
+    ys (no gradient for fan.weights)."""
     ys = jnp.asarray(ys)
     if not isinstance(fan, Fan):
         raise TypeError(f"sluice.ep.fan_in: fan must come from fan_out, got {type(fan)}")
@@ -907,6 +947,12 @@ def fan_in(ys, fan: Fan, *, out_dtype=None):
     if out_dtype not in _FLOATS:
         raise TypeError(
             f"sluice.ep.fan_in: out_dtype must be float32, bfloat16 or float16, got {out_dtype}"
+        )
+    if not isinstance(weighted, (bool, np.bool_)):
+        raise TypeError(f"sluice.ep.fan_in: weighted must be a bool, got {type(weighted).__name__}")
+    if not weighted:
+        return _fan_sum(
+            ys, fan.pos, fan.group_sizes, fan.num_local_experts, out_dtype, fan.zero_unused_rows
         )
     w = jnp.asarray(fan.weights, jnp.float32)
     return _fan_in(

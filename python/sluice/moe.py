@@ -233,50 +233,19 @@ def _weighted_swiglu(xs, wi, group_sizes, row_w, gmm, kernel, zero_unused_rows):
     return act.astype(xs.dtype)
 
 
-def _expert_block(xs, wi, wo, fan, idx, gmm, out_dtype=None, kernel=False):
+def _expert_block(xs, wi, wo, fan, gmm, out_dtype=None, kernel=False):
     """The experts on fan_out's rows xs, summed back per token: ``ep.fan_in(swiglu_down(xs), fan)``
     with the router weights applied to the activations before the down projection instead of to
     its outputs (the same sum, in another order of rounding). So fan_in sums unweighted rows, and
     nothing keeps the expert outputs [M, D] for the router weights' gradient: it is
     sum_j d act[r, j] * (silu(gate) * up)[r, j], which sluice.swiglu's backward (or XLA's fusion of
-    it) sums from what it reads anyway. idx: the topk_idx fan_out made ``fan`` from; kernel: the
-    SwiGLU by sluice.swiglu (its unused rows as fan_out's: fan.zero_unused_rows)."""
+    it) sums from what it reads anyway. kernel: the SwiGLU by sluice.swiglu (its unused rows as
+    fan_out's: fan.zero_unused_rows)."""
     row_w = _row_weights(fan, xs.shape[0])
     act = _weighted_swiglu(xs, wi, fan.group_sizes, row_w, gmm, kernel, fan.zero_unused_rows)
-    ys = gmm(act, wo, fan.group_sizes)
-    out_dtype = jnp.dtype(out_dtype or ys.dtype)
-    return _fan_sum(
-        ys, fan.pos, idx, fan.num_local_experts, fan.max_rows, out_dtype, fan.zero_unused_rows
-    )
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _fan_sum(ys, pos, idx, l, max_rows, out_dtype, zero):
-    """fan_in with unit weights: out[i] = sum_j ys[pos[i, j]]. Its backward copies d out[i] to the
-    rows pos[i, :], by fan_out on the forward's topk_idx (the same stable counting sort, so the
-    same rows), and keeps no ys."""
     from sluice import ep
 
-    ones = jnp.where(pos >= 0, 1.0, 0.0).astype(jnp.float32)
-    return ep._fan_in_call(ys, ones, pos, l, out_dtype)
-
-
-def _fan_sum_fwd(ys, pos, idx, l, max_rows, out_dtype, zero):
-    return _fan_sum(ys, pos, idx, l, max_rows, out_dtype, zero), (idx, ys[:0])
-
-
-def _fan_sum_bwd(l, max_rows, out_dtype, zero, res, dout):
-    from sluice import ep
-
-    from ._vma import match_vma
-
-    idx, ys = res
-    # rows without a pair: zeros, or with zero=False unwritten (nothing but row-wise ops reads them)
-    dys = ep._fan_out_call(dout.astype(ys.dtype), idx, l, max_rows, zero)[0]
-    return match_vma(dys, ys), None, None
-
-
-_fan_sum.defvjp(_fan_sum_fwd, _fan_sum_bwd)
+    return ep.fan_in(gmm(act, wo, fan.group_sizes), fan, out_dtype=out_dtype, weighted=False)
 
 
 def _swiglu_batched(xb, wi, wo):
@@ -354,7 +323,7 @@ def _dropless_local(cfg, x, idx, weights, wi, wo, gmm):
         # bench/results/weights-in-act-h100x4-20261126/); XLA's fusion on the CPU, where it is
         # the faster
         kernel = jax.default_backend() == "gpu"
-        return _expert_block(xs, wi, wo, fan, idx, gmm, jnp.float32, kernel), counts
+        return _expert_block(xs, wi, wo, fan, gmm, jnp.float32, kernel), counts
     xs, order, counts = _sort_by_expert(x, idx, cfg.num_experts)
     ys = _swiglu_grouped(xs, wi, wo, counts, gmm)
     y = ys[_inverse_permutation(order)].reshape(t, cfg.top_k, d)
@@ -488,7 +457,7 @@ def _dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
             max_rows=rows,
             zero_unused_rows=zero_unused,
         )
-        y = _expert_block(xs, wi, wo, fan, ri, gmm, None, kernel=not zero_unused)
+        y = _expert_block(xs, wi, wo, fan, gmm, None, kernel=not zero_unused)
         return y, group_sizes
 
     # Under remat the whole local part (fan-out, the experts, fan-in: no communication) is one

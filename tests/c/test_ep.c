@@ -496,6 +496,14 @@ static void test_fan(void) {
       }
     }
     for (int64_t i = p * H; i < M * H; ++i) CHECK(dys[i] == 0.0f, "fan_in_bwd padding");
+    /* without the weights' gradient (ys and dw NULL): the same dys, ys unread */
+    float *dys2 = poisoned(sizeof(float) * (size_t)(M * H));
+    CHECK(sl_ep_fan_in_bwd_cpu(&d, x, NULL, w, pos, gs, dys2, NULL) == SL_STATUS_SUCCESS,
+          "fan_in_bwd without dw: %s", sl_last_error());
+    CHECK(memcmp(dys, dys2, sizeof(float) * (size_t)(M * H)) == 0, "fan_in_bwd without dw: dys");
+    CHECK(sl_ep_fan_in_bwd_cpu(&d, x, ys, w, pos, gs, dys2, NULL) == SL_STATUS_INVALID_ARGUMENT,
+          "fan_in_bwd ys without dw");
+    free(dys2);
     /* bad ids and positions */
     if (N > 0) {
       const int32_t keep = idx[0];

@@ -106,6 +106,21 @@ def check_fan(tag, dv, rk, ref, n, h, k, l, skip):
             ),
             "fan_in_bwd",
         )
+        dys2 = cp.full((m, h), 0xFFFF, cp.uint16)  # without dw (ys and dw NULL): the same dys
+        C.check(
+            C.lib.sl_ep_fan_in_bwd_cuda(
+                ctypes.byref(fd),
+                C.ptr(dout),
+                None,
+                C.ptr(rk.recv_w),
+                C.ptr(pos),
+                C.ptr(gsz),
+                C.ptr(dys2),
+                None,
+                C.vp(rk.stream.ptr),
+            ),
+            "fan_in_bwd without dw",
+        )
         rk.sync()
     rxs, rgs, rpos = ep.fan_out_reference(ref[0][dv], ref[1][dv], l, mr)
     total = int(np.asarray(rgs).sum())  # rows past it: zeros, or with skip the poison
@@ -136,6 +151,7 @@ def check_fan(tag, dv, rk, ref, n, h, k, l, skip):
         f"{tag}: fan_in_bwd dys[{dv}]",
     )
     expect(not skip or bool(np.all(raw[total:] == 0xFFFF)), f"{tag}: fan_in_bwd dys poison[{dv}]")
+    expect(np.array_equal(dys2.get(), raw), f"{tag}: fan_in_bwd without dw, dys[{dv}]")
 
 
 def run_case(r, t, h, k, e, mode, num_sms, transport="peer"):

@@ -183,6 +183,18 @@ def test_fan_ops_gpu(dtype, t, h, k, e):
     for a, b in zip(g, gr):
         assert rel_err(np.asarray(a, np.float32), np.asarray(b, np.float32)) < tol
 
+    # weighted=False: unit weights; its backward (fan_in_bwd without the dot) gives d ys alone
+    ones = jnp.where(rpos >= 0, 1.0, 0.0)
+    out = jax.jit(lambda ys: ep.fan_in(ys, fan, out_dtype=jnp.float32, weighted=False))(ys)
+    assert rel_err(out, ep.fan_in_reference(ys, ones, rpos, jnp.float32)) < 1e-5
+    d_ys = jax.jit(
+        jax.grad(
+            lambda ys: jnp.sum(ep.fan_in(ys, fan, out_dtype=jnp.float32, weighted=False) * cot)
+        )
+    )(ys)
+    want = jax.grad(lambda ys: jnp.sum(ep.fan_in_reference(ys, ones, rpos, jnp.float32) * cot))(ys)
+    assert rel_err(np.asarray(d_ys, np.float32), np.asarray(want, np.float32)) < tol
+
 
 def test_fan_out_unused_rows_unwritten_gpu():
     """fan_out(zero_unused_rows=False): the pairs' rows, the sizes, the layout and every gradient as

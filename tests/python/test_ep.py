@@ -257,6 +257,31 @@ def test_fan_ops_vs_reference_and_grads(max_rows, zero):
     for a, b in zip(g, gr):
         assert rel_err(a, b) < 1e-5
 
+    # weighted=False: the rows summed with unit weights, no gradient in the weights
+    ones = jnp.where(rpos >= 0, 1.0, 0.0)
+    np.testing.assert_allclose(
+        np.asarray(jax.jit(functools.partial(ep.fan_in, weighted=False))(ys, fan)),
+        np.asarray(ep.fan_in_reference(ys, ones, rpos)),
+        rtol=1e-6,
+        atol=1e-6,
+    )
+
+    def mine_sum(x, w, ys):
+        r = ep.Dispatched(x, idx, w, jnp.int32(nrows), jnp.zeros((l,), jnp.int32), None)
+        xs, _, fan = ep.fan_out(r, max_rows=max_rows, zero_unused_rows=zero)
+        return jnp.sum(ep.fan_in(ys + xs * xs, fan, weighted=False) * cot)
+
+    def ref_sum(x, w, ys):
+        xs, _, pos = ep.fan_out_reference(x, idx, l, max_rows or 0)
+        return jnp.sum(ep.fan_in_reference(ys + xs * xs, jnp.where(pos >= 0, 1.0, 0.0), pos) * cot)
+
+    g = jax.jit(jax.grad(mine_sum, argnums=(0, 1, 2)))(x, w, ys)
+    gr = jax.grad(ref_sum, argnums=(0, 2))(x, w, ys)
+    assert rel_err(g[0], gr[0]) < 1e-5 and rel_err(g[2], gr[1]) < 1e-5
+    assert not np.asarray(g[1]).any()  # the weights do not enter the sum
+    with pytest.raises(TypeError, match="weighted must be a bool"):
+        ep.fan_in(ys, fan, weighted=1)
+
 
 def test_fan_out_tokens_is_fan_out_without_dispatch():
     """The one-device entry point: the same rows, sizes and layout as fan_out of the same rows, the
