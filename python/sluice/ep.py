@@ -76,10 +76,12 @@ API
   fan_out_tokens(x, topk_idx, topk_weights, *, num_experts) -> (xs, group_sizes, fan)
       fan_out for tokens that stay on their device (all E experts local, no dispatch): the one-device
       MoE path.
-  fan_in(ys, fan, *, out_dtype=None) -> [N, H']
+  fan_in(ys, fan, *, out_dtype=None, weighted=True) -> [N, H']
       Local: out[i] = sum over slots j (in slot order, float32) of weight[i, j] * ys[row of (i, j)];
       rows with no local slot are zero. Differentiable in ys and in the weights (recv.topk_weights,
-      carried by fan), so router gradients reach topk_weights through dispatch.
+      carried by fan), so router gradients reach topk_weights through dispatch. weighted=False sums
+      the rows unweighted, for experts that applied the weights themselves
+      (sluice.swiglu(..., row_weights=...), as the MoE layer does): its backward keeps no ys.
 
 Bad input: wrong dtypes or shapes, a mesh axis that does not divide num_experts, an op called without
 setup (or on a mesh it was not set up for) raise at trace time. Data-dependent values: on CPU an expert
