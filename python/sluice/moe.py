@@ -17,11 +17,13 @@ One set of parameters and one router; ``MoEConfig.impl`` picks how tokens reach 
   its SwiGLU (``sluice.swiglu``) so that nothing keeps the expert outputs for the weights' gradient,
   and ``sluice.ep.dispatch``/``combine`` for expert parallelism (``use_sluice_dispatch``).
 
-Router (always fp32): softmax top-k, or DeepSeek-V3's sigmoid scores with a per-expert selection
-bias that no gradient trains; ``MoE.update_bias`` nudges it toward balance from the measured load
-after each step (aux-loss-free balancing), optional group-limited routing and a routed scaling
-factor. An optional Switch-style load-balance loss. SwiGLU experts in the compute dtype, weighted
-sums of expert outputs in fp32 (the sluice path weights the activations and sums in fp32).
+Router (fp32 values; its matmul at XLA's default precision, which on Hopper runs on the tensor
+cores: ~2e-4 relative, bench/results/router-precision-h100-20261126/): softmax top-k, or
+DeepSeek-V3's sigmoid scores with a per-expert selection bias that no gradient trains;
+``MoE.update_bias`` nudges it toward balance from the measured load after each step (aux-loss-free
+balancing), optional group-limited routing and a routed scaling factor. An optional Switch-style
+load-balance loss. SwiGLU experts in the compute dtype, weighted sums of expert outputs in fp32 (the
+sluice path weights the activations and sums in fp32).
 
 Every call returns ``(y, stats)`` with ``stats = {"load": f32[E] routed token copies per expert
 (global), "dropped": f32 fraction of token copies dropped, "aux_loss": f32 load-balance loss (per
