@@ -193,6 +193,20 @@ def test_sluice_equals_ragged_dot_bf16():
         _close(grads, ref[2], atol=5e-2, rtol=5e-2)
 
 
+def test_sluice_path_keeps_no_expert_outputs():
+    """The router weights act in the SwiGLU (moe._expert_block), so autodiff keeps one [copies,
+    d_model] array, the experts' input for the weight gradient, and not also their outputs (which
+    fan_in's weighted backward needed for the router weights' gradient: two before 2026-11-26).
+    2F != d_model here, so no other residual has that shape."""
+    cfg = dataclasses.replace(SIGMOID, impl="sluice", d_ff=8)
+    x = _x()
+    graphdef, params, rest = nnx.split(MoE(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    _, vjp_fn = jax.vjp(lambda p, x: nnx.merge(graphdef, p, rest)(x)[0], params, x)
+    copies = x.shape[0] * x.shape[1] * cfg.top_k
+    kept = [leaf.shape for leaf in jax.tree.leaves(vjp_fn) if leaf.shape == (copies, cfg.d_model)]
+    assert len(kept) == 1, kept
+
+
 def test_group_limited_routing_stays_in_groups():
     cfg = dataclasses.replace(SIGMOID, num_experts=16, num_groups=4, topk_groups=2, top_k=4)
     logits = jax.random.normal(jax.random.key(3), (64, 16))
