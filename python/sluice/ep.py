@@ -668,16 +668,17 @@ def _fan_in_call(ys, w, pos, l, out_dtype):
     return call(ys, w, pos, **_fan_attrs(l, ys.shape[0], True))[0]
 
 
-def _fan_in_bwd_call(dout, ys, w, pos, group_sizes, l, zero_unused_rows=True, m=None):
-    """(dys, dw); ys None: dys alone, not reading ys (weights that need no gradient; m: its rows)."""
-    if ys is None:
+def _fan_in_bwd_call(dout, ys, w, pos, group_sizes, l, zero_unused_rows=True, with_dw=True):
+    """(dys, dw); with_dw=False: dys alone, ys not read (weights that need no gradient: ys may then
+    be any [M, 0] array of its dtype)."""
+    if not with_dw:
         v = _vary_kw(dout, w, pos, group_sizes)
         call = jax.ffi.ffi_call(
             "sluice_ep_fan_in_bwd",
-            (_sds((m, dout.shape[1]), dout.dtype, v),),
+            (_sds((ys.shape[0], dout.shape[1]), ys.dtype, v),),
             vmap_method="sequential",
         )
-        attrs = _fan_attrs(l, m, zero_unused_rows)
+        attrs = _fan_attrs(l, ys.shape[0], zero_unused_rows)
         return call(dout, w, pos, group_sizes, with_dw=np.int64(0), **attrs)[0]
     v = _vary_kw(dout, ys, w, pos, group_sizes)
     call = jax.ffi.ffi_call(
@@ -920,9 +921,8 @@ def _fan_sum_fwd(ys, pos, group_sizes, l, out_dtype, zero_unused_rows):
 
 def _fan_sum_bwd(l, out_dtype, zero_unused_rows, res, dout):
     pos, group_sizes, ys = res
-    m = ys.shape[0]
-    d = dout.astype(ys.dtype)
-    dys = _fan_in_bwd_call(d, None, _ones(pos), pos, group_sizes, l, zero_unused_rows, m)
+    # d out in its own dtype (the kernel rounds each row once to ys's)
+    dys = _fan_in_bwd_call(dout, ys, _ones(pos), pos, group_sizes, l, zero_unused_rows, False)
     return match_vma(dys, ys), None, None
 
 

@@ -281,6 +281,16 @@ def test_fan_ops_vs_reference_and_grads(max_rows, zero):
     assert not np.asarray(g[1]).any()  # the weights do not enter the sum
     with pytest.raises(TypeError, match="weighted must be a bool"):
         ep.fan_in(ys, fan, weighted=1)
+    # bf16 rows summed to f32: the backward takes d out in f32 and rounds each row once to bf16
+    yb = ys.astype(jnp.bfloat16)
+
+    def sum_b(y):
+        return jnp.sum(ep.fan_in(y, fan, out_dtype=jnp.float32, weighted=False) * cot)
+
+    db = jax.jit(jax.grad(sum_b))(yb)
+    assert db.dtype == jnp.bfloat16
+    want = jax.grad(lambda y: jnp.sum(ep.fan_in_reference(y, ones, rpos, jnp.float32) * cot))(yb)
+    assert rel_err(db.astype(jnp.float32), want.astype(jnp.float32)) < 1e-2
 
 
 def test_fan_out_tokens_is_fan_out_without_dispatch():
