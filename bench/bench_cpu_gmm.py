@@ -6,22 +6,11 @@ gmm, tgmm for each shape in turn.
     python3 bench/bench_cpu_gmm.py
 """
 
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import sluice
-
-
-def t(f, *a, n=20):
-    f = jax.jit(f)
-    jax.block_until_ready(f(*a))
-    s = time.perf_counter()
-    for _ in range(n):
-        r = f(*a)
-    jax.block_until_ready(r)
-    return (time.perf_counter() - s) / n * 1e3
+from bench_act import timed  # bench/ is the script's sys.path[0]
 
 
 def main():
@@ -32,8 +21,8 @@ def main():
         w = jnp.asarray(rng.standard_normal((g, k, n)) * 0.05, jnp.bfloat16)
         gs = jnp.asarray(rng.multinomial(m - 37, np.ones(g) / g).astype(np.int32))
         d = jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16)
-        out.append(t(lambda x, w, gs=gs: sluice.gmm(x, w, gs), x, w))
-        out.append(t(lambda x, d, gs=gs: sluice.tgmm(x, d, gs), x, d))
+        out.append(timed(jax.jit(lambda x, w, gs=gs: sluice.gmm(x, w, gs)), (x, w), 20, 1))
+        out.append(timed(jax.jit(lambda x, d, gs=gs: sluice.tgmm(x, d, gs)), (x, d), 20, 1))
     print(" ".join(f"{v:.2f}" for v in out))
 
 

@@ -9,23 +9,11 @@ whose top-k experts change. The model computes its router in f32 (moe.py).
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-
-def timed(fn, args, calls=20, rounds=7):
-    jax.block_until_ready(fn(*args))
-    out = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(calls):
-            r = fn(*args)
-        jax.block_until_ready(r)
-        out.append((time.perf_counter() - t) / calls * 1e3)
-    return float(np.median(out))
+from bench_act import timed  # bench/ is the script's sys.path[0]
 
 
 def main():
@@ -62,13 +50,13 @@ def main():
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, fn in impls.items():
-        fwd = timed(jax.jit(fn), (x, w))
+        fwd = timed(jax.jit(fn), (x, w), 20, 7)
 
         def both(x, w, g, fn=fn):
             out, pull = jax.vjp(fn, x, w)
             return out, pull(g)
 
-        bwd = timed(jax.jit(both), (x, w, g))
+        bwd = timed(jax.jit(both), (x, w, g), 20, 7)
         got = jax.jit(fn)(x, w)
         err = float(jnp.max(jnp.abs(got - ref)) / jnp.max(jnp.abs(ref)))
         top = np.asarray(jax.lax.top_k(got, a.k)[1])

@@ -88,10 +88,10 @@ sl_status sl_swiglu_bwd_cpu(const sl_swiglu_desc *d, const void *dact, const voi
         const float g = sl_load_f32(d->dtype, h, r * 2 * F + j),
                     u = sl_load_f32(d->dtype, h, r * 2 * F + F + j),
                     da = sl_load_f32(d->dtype, dact, r * F + j), s = 1.0f / (1.0f + expf(-g)),
-                    dw_ = da * wr;
+                    daw = da * wr; /* d act times the row's weight */
         dot += da * (g * s * u);
-        dg = dw_ * u * (s * (1.0f + g * (1.0f - s)));
-        du = dw_ * (g * s);
+        dg = daw * u * (s * (1.0f + g * (1.0f - s)));
+        du = daw * (g * s);
       }
       sl_store_f32(d->dtype, dh, r * 2 * F + j, dg);
       sl_store_f32(d->dtype, dh, r * 2 * F + F + j, du);

@@ -243,10 +243,10 @@ def _expert_block(xs, wi, wo, fan, gmm, out_dtype=None, kernel=False):
     sum_j d act[r, j] * (silu(gate) * up)[r, j], which sluice.swiglu's backward (or XLA's fusion of
     it) sums from what it reads anyway. kernel: the SwiGLU by sluice.swiglu (its unused rows as
     fan_out's: fan.zero_unused_rows)."""
-    row_w = _row_weights(fan, xs.shape[0])
-    act = _weighted_swiglu(xs, wi, fan.group_sizes, row_w, gmm, kernel, fan.zero_unused_rows)
     from sluice import ep
 
+    row_w = _row_weights(fan, xs.shape[0])
+    act = _weighted_swiglu(xs, wi, fan.group_sizes, row_w, gmm, kernel, fan.zero_unused_rows)
     return ep.fan_in(gmm(act, wo, fan.group_sizes), fan, out_dtype=out_dtype, weighted=False)
 
 

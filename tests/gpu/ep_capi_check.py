@@ -92,35 +92,25 @@ def check_fan(tag, dv, rk, ref, n, h, k, l, skip):
         dout = cp.asarray(dout_h.view(np.uint16))
         dys = cp.full((m, h), 0xFFFF, cp.uint16)
         dw = cp.full((n, k), np.nan, cp.float32)
-        C.check(
-            C.lib.sl_ep_fan_in_bwd_cuda(
-                ctypes.byref(fd),
-                C.ptr(dout),
-                C.ptr(ys),
-                C.ptr(rk.recv_w),
-                C.ptr(pos),
-                C.ptr(gsz),
-                C.ptr(dys),
-                C.ptr(dw),
-                C.vp(rk.stream.ptr),
-            ),
-            "fan_in_bwd",
-        )
         dys2 = cp.full((m, h), 0xFFFF, cp.uint16)  # without dw (ys and dw NULL): the same dys
-        C.check(
-            C.lib.sl_ep_fan_in_bwd_cuda(
-                ctypes.byref(fd),
-                C.ptr(dout),
-                None,
-                C.ptr(rk.recv_w),
-                C.ptr(pos),
-                C.ptr(gsz),
-                C.ptr(dys2),
-                None,
-                C.vp(rk.stream.ptr),
-            ),
-            "fan_in_bwd without dw",
-        )
+        for ys_in, rows_out, dw_out, what in (
+            (ys, dys, dw, "fan_in_bwd"),
+            (None, dys2, None, "fan_in_bwd without dw"),
+        ):
+            C.check(
+                C.lib.sl_ep_fan_in_bwd_cuda(
+                    ctypes.byref(fd),
+                    C.ptr(dout),
+                    C.ptr(ys_in),
+                    C.ptr(rk.recv_w),
+                    C.ptr(pos),
+                    C.ptr(gsz),
+                    C.ptr(rows_out),
+                    C.ptr(dw_out),
+                    C.vp(rk.stream.ptr),
+                ),
+                what,
+            )
         rk.sync()
     rxs, rgs, rpos = ep.fan_out_reference(ref[0][dv], ref[1][dv], l, mr)
     total = int(np.asarray(rgs).sum())  # rows past it: zeros, or with skip the poison
