@@ -13,6 +13,8 @@
 #             ending in -remat adds --remat (sluice-remat: the sluice path, blocks recomputed)
 #   DROPLESS  convergence: the dropless path, sluice (default) or ragged_dot
 #   SEEDS     convergence: the seeds (default '0 1')
+#   NAMES     convergence: the paths (default 'dropless cf1.25 cf2.0'); two calls with different
+#             NAMES, CUDA_VISIBLE_DEVICES and the same OUT run the paths side by side on two GPUs
 #   CONTROL   convergence: 1 adds 'nodrop', the dense path with a capacity that drops nothing (the
 #             same model as dropless computed another way: the spread between the two is the noise)
 #   PROFILE   tgs: N > 0 also traces N steps of each path after its compiling step (sluice-train
@@ -76,7 +78,8 @@ convergence)
   steps=${STEPS:-400}
   flags=(--preset "$preset" --steps "$steps" --log-every 10 --eval-every $((steps / 8))
     --eval-batches 16 --no-ckpt)
-  names=(dropless cf1.25 cf2.0)
+  # shellcheck disable=SC2206
+  names=(${NAMES:-dropless cf1.25 cf2.0})
   [[ "${CONTROL:-0}" == 1 ]] && names+=(nodrop)
   runs=()
   labels=()

@@ -30,10 +30,12 @@ def _last_log_line(out, name):
 
 
 def tgs(out):
+    from_step = int(os.environ.get("FROM_STEP", "0"))  # only the windows past this step
     rows = {}
     for name in sorted(d for d in os.listdir(out) if os.path.isdir(os.path.join(out, d))):
         recs = _records(os.path.join(out, name))
         train = [r for r in recs if r["kind"] == "train"][1:]  # the first window still warms up
+        train = [r for r in train if r["step"] > from_step]
         compile_s = [r["seconds"] for r in recs if r["kind"] == "compile"]
         if not train:
             rows[name] = {"error": _last_log_line(out, name)}
@@ -46,6 +48,7 @@ def tgs(out):
             "mfu": statistics.median(mfu) if mfu else "n/a",
             "step_ms": 1e3 * statistics.median(r["step_time"] for r in train),
             "dropped": statistics.mean(r["dropped"] for r in train),
+            "load_cv": statistics.median(r["load_cv"] for r in train),
             "peak_mem_gb": train[-1]["peak_mem_gb"],
             "compile_s": compile_s[0] if compile_s else None,
             "steps": train[-1]["step"],
@@ -64,23 +67,27 @@ def tgs(out):
         (
             f"Training step, preset {first.get('preset')}, {first.get('devices')} x "
             f"{first.get('device')} (mesh {first.get('mesh')}), jax {first.get('jax')}; "
-            "medians over the logged windows after the first."
+            + (
+                f"medians over the logged windows past step {from_step}."
+                if from_step
+                else "medians over the logged windows after the first."
+            )
         ),
         "",
         (
-            "| path | TGS (tokens/s/device) | MFU | step (ms) | dropped | peak memory (GiB) "
-            "| compile (s) | MoE path |"
+            "| path | TGS (tokens/s/device) | MFU | step (ms) | dropped | expert load CV "
+            "| peak memory (GiB) | compile (s) | MoE path |"
         ),
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, r in rows.items():
         if "error" in r:
-            lines.append(f"| {name} | failed: {r['error']} | | | | | | |")
+            lines.append(f"| {name} | failed: {r['error']} | | | | | | | |")
             continue
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] != "n/a" else "n/a"
         lines.append(
             f"| {name} | {r['tgs']:.0f} | {mfu} | {r['step_ms']:.1f} | {r['dropped']:.4f} | "
-            f"{r['peak_mem_gb']} | {r['compile_s']:.1f} | {r['moe_path']} |"
+            f"{r['load_cv']:.2f} | {r['peak_mem_gb']} | {r['compile_s']:.1f} | {r['moe_path']} |"
         )
     _write(os.path.join(out, "tgs.md"), lines)
 

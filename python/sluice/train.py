@@ -130,6 +130,17 @@ def parse_args(argv=None):
     )
     p.add_argument("--n-layers", type=int, help="override the preset's layer count")
     p.add_argument(
+        "--bias-update-rate",
+        type=float,
+        help="aux-loss-free balancing: the router bias's step per training step, 0 = off (default: "
+        "the preset's)",
+    )
+    p.add_argument(
+        "--aux-loss-coef",
+        type=float,
+        help="weight of the Switch-style load-balance loss, 0 = off (default: the preset's)",
+    )
+    p.add_argument(
         "--remat",
         action="store_true",
         help="recompute each block's activations in the backward pass (jax.checkpoint per block): "
@@ -186,6 +197,9 @@ def build_config(a) -> tuple[ModelConfig, dict]:
         ep_rows_factor=a.ep_rows_factor,
         ep_num_sms=a.ep_sms,
     )
+    for k in ("bias_update_rate", "aux_loss_coef"):
+        if getattr(a, k) is not None:
+            moe = dataclasses.replace(moe, **{k: getattr(a, k)})
     cfg = dataclasses.replace(cfg, moe=moe, attention=a.attention, remat=a.remat)
     if a.n_layers:
         cfg = dataclasses.replace(

@@ -535,3 +535,18 @@ def test_profile_traces_steps_and_leaves_them_out_of_the_log(tmp_path):
     assert profile.category("sluice_cuda::sm90::gmm_kernel<bf16>") == "sluice"
     assert profile.category("nvjet_sm90_tst_192x192") == "gemm"
     assert profile.category("loop_multiply_fusion") == "other fusion"
+
+
+def test_router_balancing_flags_override_the_preset():
+    from sluice import train
+    from sluice.model import BIAS_UPDATE_RATE
+
+    cfg, _ = train.build_config(train.parse_args(["--preset", "dsv3-proxy"]))
+    small = PRESETS["small"]["model"].moe
+    assert cfg.moe.bias_update_rate == BIAS_UPDATE_RATE == small.bias_update_rate
+    assert cfg.moe.aux_loss_coef == PRESETS["dsv3-proxy"]["model"].moe.aux_loss_coef
+    argv = ["--preset", "small", "--bias-update-rate", "0", "--aux-loss-coef", "0.003"]
+    cfg, _ = train.build_config(train.parse_args(argv))
+    assert cfg.moe.bias_update_rate == 0.0 and cfg.moe.aux_loss_coef == 0.003
+    tiny, _ = train.build_config(train.parse_args(["--preset", "tiny"]))
+    assert tiny.moe.aux_loss_coef == PRESETS["tiny"]["model"].moe.aux_loss_coef > 0
