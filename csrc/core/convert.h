@@ -23,14 +23,16 @@ static inline uint16_t sl_f32_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
+/* Masks for the subnormal and inf/NaN cases, no branches and no ldexpf, so a loop of it
+ * vectorises (the CPU swiglu's); subnormals are scaled in f32 arithmetic, not read as subnormal
+ * f32 (DAZ-safe). */
 static inline float sl_f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
-  if (exp == 0) {
-    float f = ldexpf((float)man, -24);
-    return (h & 0x8000u) ? -f : f;
-  }
-  u = (exp == 31) ? (sign | 0x7f800000u | (man << 13))
-                  : (sign | ((exp + 112u) << 23) | (man << 13));
+  const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  const uint32_t inf = 0u - (e == 31u), sub = 0u - (e == 0u); /* all ones where true */
+  const float fs = (float)(int32_t)m * 0x1p-24f;
+  uint32_t us, u = ((e + 112u) << 23 | (inf & (255u << 23))) | (m << 13);
+  memcpy(&us, &fs, 4);
+  u = (sub & us) | (~sub & u) | (uint32_t)(h & 0x8000u) << 16;
   float f;
   memcpy(&f, &u, 4);
   return f;

@@ -10,6 +10,7 @@
 
 #include "sluice.h"
 #include "test_util.h"
+#include "vexp.h"
 
 /* Storage helpers: values are generated in f32, rounded to the storage dtype, and the reference
  * reads the rounded values back so it sees exactly what the kernel sees (bf16 in test_util.h).
@@ -223,15 +224,68 @@ static void test_bad_inputs(void) {
       "cuda stub");
 }
 
-/* swiglu (f32) against the formula in double, unweighted and with row weights (then also their
- * gradient): the groups' rows computed, the rest zero whatever skip_unused_rows says (the CPU
- * zeroes them), outputs poisoned first; and its errors. */
+/* sl_vexpf (vexp.h: the CPU swiglu's exp) against exp in double: within 1.5 ulp of the exact value
+ * (so within 2 ulp of expf, itself within 0.5) on a dense sweep of [-88, 88] and on random bit
+ * patterns (tiny, subnormal and huge values, infinities and NaN), inf = 2^128 when measuring; the
+ * sigmoid swiglu builds of it at the extremes. */
+static double ulp_f32(double e) { /* the f32 spacing at e >= 0 */
+  int ex;
+  if (e < 0x1p-126) return 0x1p-149;
+  frexp(e, &ex);
+  return ldexp(1.0, ex - 24);
+}
+static void test_vexp(void) {
+  const int n = 1000000;
+  double worst = 0.0;
+  float worst_x = 0.0f;
+  for (int i = 0; i <= 2 * n; ++i) {
+    float x = -88.0f + 176.0f * (float)((double)i / n);
+    if (i > n) {
+      const uint32_t bits = (uint32_t)rng();
+      memcpy(&x, &bits, 4);
+    }
+    const float y = sl_vexpf(x);
+    const double e = exp((double)x), yd = isinf(y) ? 0x1p128 : (double)y;
+    if (isnan(x) || e >= 0x1p128) { /* past FLT_MAX + ulp/2 (2^128 - 2^103): inf */
+      CHECK(isnan(x) ? isnan(y) : y == INFINITY, "vexp(%g) = %g", x, y);
+      continue;
+    }
+    const double err = isnan(y) ? INFINITY : fabs(yd - e) / ulp_f32(e);
+    if (err > worst) worst = err, worst_x = x;
+  }
+  CHECK(worst <= 1.5, "vexp: %g ulp from exp at x = %.9g", worst, worst_x);
+  printf("test_gmm: vexp within %.3f ulp of exp\n", worst);
+  const float gs[6] = {-INFINITY, -1000.0f, -90.0f, 90.0f, 1000.0f, INFINITY},
+              want[6] = {0, 0, 0, 1, 1, 1};
+  for (int i = 0; i < 6; ++i) {
+    const float s = 1.0f / (1.0f + sl_vexpf(-gs[i]));
+    CHECK(s == want[i], "sigmoid(%g) = %g", gs[i], s);
+  }
+  CHECK(isnan(1.0f / (1.0f + sl_vexpf(-NAN))), "sigmoid(NaN)");
+  CHECK(sl_vexpf(0.0f) == 1.0f && sl_vexpf(-0.0f) == 1.0f && sl_vexpf(-104.5f) == 0.0f,
+        "vexp(0), vexp(-0), vexp(-104.5)");
+}
+
+static void put(sl_dtype t, void *p, size_t i, float v) { /* v rounded to t, as alloc_random */
+  if (t == SL_DTYPE_F32)
+    ((float *)p)[i] = v;
+  else
+    ((uint16_t *)p)[i] = t == SL_DTYPE_BF16 ? to_bf16(v) : to_f16(v);
+}
+
+/* swiglu in f32, bf16 and f16 against the formula in double on the rounded inputs, unweighted and
+ * with row weights (then also their gradient), some rows longer than the kernel's chunk of columns:
+ * the groups' rows computed, the rest zero whatever skip_unused_rows says (the CPU zeroes them),
+ * outputs poisoned first; and its errors. */
 static void test_swiglu(void) {
-  for (int it = 0; it < 40; ++it) {
+  const sl_dtype types[3] = {SL_DTYPE_F32, SL_DTYPE_BF16, SL_DTYPE_F16};
+  for (int it = 0; it < 60; ++it) {
     sl_swiglu_desc d = sl_swiglu_desc_default();
-    d.rows = rand_int(0, 40), d.ff = rand_int(0, 13), d.num_groups = rand_int(1, 5);
-    d.skip_unused_rows = it % 2;
+    d.rows = rand_int(0, 40), d.ff = it % 4 == 3 ? rand_int(500, 1100) : rand_int(0, 13);
+    d.num_groups = rand_int(1, 5), d.skip_unused_rows = it % 2, d.dtype = types[it % 3];
     const int weighted = (it / 2) % 2;
+    const sl_dtype t = d.dtype;
+    const double tol = t == SL_DTYPE_F32 ? 1e-5 : t == SL_DTYPE_BF16 ? 4e-3 : 1e-3;
     const int64_t M = d.rows, F = d.ff;
     int32_t gs[5];
     int64_t used = 0;
@@ -239,39 +293,74 @@ static void test_swiglu(void) {
       gs[g] = used < M ? rand_int(0, (int)(M - used)) : 0;
       used += gs[g];
     }
-    float *h = malloc(sizeof(float) * (size_t)(2 * M * F + 1)),
-          *da = malloc(sizeof(float) * (size_t)(M * F + 1)),
-          *act = malloc(sizeof(float) * (size_t)(M * F + 1)),
-          *dh = malloc(sizeof(float) * (size_t)(2 * M * F + 1)),
-          *w = malloc(sizeof(float) * (size_t)(M + 1)),
+    const size_t es = sl_dtype_size(t);
+    void *h = malloc(es * (size_t)(2 * M * F + 1)), *da = malloc(es * (size_t)(M * F + 1)),
+         *act = malloc(es * (size_t)(M * F + 1)), *dh = malloc(es * (size_t)(2 * M * F + 1));
+    float *w = malloc(sizeof(float) * (size_t)(M + 1)),
           *dw = malloc(sizeof(float) * (size_t)(M + 1));
-    for (int64_t i = 0; i < 2 * M * F; ++i) h[i] = 4.0f * rand_float(), dh[i] = NAN;
-    for (int64_t i = 0; i < M * F; ++i) da[i] = rand_float(), act[i] = NAN;
+    for (int64_t i = 0; i < 2 * M * F; ++i) put(t, h, (size_t)i, 4.0f * rand_float());
+    for (int64_t i = 0; i < M * F; ++i) put(t, da, (size_t)i, rand_float());
     for (int64_t r = 0; r < M; ++r) w[r] = rand_float(), dw[r] = NAN;
+    poison(t, act, (size_t)(M * F)), poison(t, dh, (size_t)(2 * M * F));
     const float *wp = weighted ? w : NULL;
     CHECK(sl_swiglu_fwd_cpu(&d, h, wp, gs, act) == SL_STATUS_SUCCESS, "swiglu: %s",
           sl_last_error());
     CHECK(sl_swiglu_bwd_cpu(&d, da, h, wp, gs, dh, weighted ? dw : NULL) == SL_STATUS_SUCCESS,
           "swiglu_bwd: %s", sl_last_error());
+    int bad = 0; /* one failure reported per case, not one per element */
     for (int64_t r = 0; r < M; ++r) {
       const double wr = weighted ? w[r] : 1.0, on = r < used;
       double wdw = 0.0;
       for (int64_t j = 0; j < F; ++j) {
-        const double g = h[r * 2 * F + j], u = h[r * 2 * F + F + j], a = da[r * F + j];
+        const size_t ig = (size_t)(r * 2 * F + j), iu = ig + (size_t)F, ia = (size_t)(r * F + j);
+        const double g = get(t, h, ig), u = get(t, h, iu), a = get(t, da, ia);
         const double s = 1.0 / (1.0 + exp(-g));
         const double want = on * g * s * u * wr, wdg = on * a * wr * u * s * (1.0 + g * (1.0 - s)),
-                     wdu = on * a * wr * g * s;
+                     wdu = on * a * wr * g * s, o = get(t, act, ia), odg = get(t, dh, ig),
+                     odu = get(t, dh, iu);
         wdw += on * a * g * s * u;
-        CHECK(fabs(act[r * F + j] - want) <= 1e-5 * (1.0 + fabs(want)), "swiglu[%lld,%lld]",
-              (long long)r, (long long)j);
-        CHECK(fabs(dh[r * 2 * F + j] - wdg) <= 1e-5 * (1.0 + fabs(wdg)), "swiglu_bwd dgate");
-        CHECK(fabs(dh[r * 2 * F + F + j] - wdu) <= 1e-5 * (1.0 + fabs(wdu)), "swiglu_bwd dup");
+        if (!bad && !(fabs(o - want) <= tol * (1.0 + fabs(want)) &&
+                      fabs(odg - wdg) <= tol * (1.0 + fabs(wdg)) &&
+                      fabs(odu - wdu) <= tol * (1.0 + fabs(wdu)))) {
+          CHECK(0,
+                "swiglu dtype %d [%lld,%lld] of [%lld,%lld]: act %g vs %g, dgate %g vs %g, dup %g "
+                "vs %g",
+                (int)t, (long long)r, (long long)j, (long long)M, (long long)F, o, want, odg, wdg,
+                odu, wdu);
+          bad = 1;
+        }
       }
       if (weighted)
         CHECK(fabs(dw[r] - wdw) <= 1e-5 * (1.0 + fabs(wdw)) * (1.0 + (double)F),
               "swiglu_bwd drow_weights[%lld]: %g vs %g", (long long)r, dw[r], wdw);
     }
     free(h), free(da), free(act), free(dh), free(w), free(dw);
+  }
+  /* Every bf16 and f16 bit pattern as up, gate 32 (silu(32) = 32 in f32) and row weight 1/32: act
+   * = up exactly (but bf16 up >= 2^123: 32 up is inf), so this checks the kernel's conversions
+   * (subnormals, infinities, NaN) bit by bit. */
+  for (int k = 1; k < 3; ++k) {
+    sl_swiglu_desc d = sl_swiglu_desc_default();
+    d.rows = 256, d.ff = 256, d.dtype = types[k];
+    uint16_t *h = malloc(sizeof(uint16_t) * 2 * 65536), *act = malloc(sizeof(uint16_t) * 65536);
+    float *w = malloc(sizeof(float) * 256);
+    for (int i = 0; i < 65536; ++i) {
+      put(d.dtype, h, (size_t)(i / 256 * 512 + i % 256), 32.0f);
+      h[i / 256 * 512 + 256 + i % 256] = (uint16_t)i;
+    }
+    for (int r = 0; r < 256; ++r) w[r] = 1.0f / 32.0f;
+    int32_t all = 256, bad = 0;
+    poison(d.dtype, act, 65536);
+    CHECK(sl_swiglu_fwd_cpu(&d, h, w, &all, act) == SL_STATUS_SUCCESS, "swiglu: %s",
+          sl_last_error());
+    for (int i = 0; i < 65536; ++i) {
+      const int nan = k == 1 ? (i & 0x7fff) > 0x7f80 : (i & 0x7fff) > 0x7c00;
+      const int nan_out = k == 1 ? (act[i] & 0x7fff) > 0x7f80 : (act[i] & 0x7fff) > 0x7c00;
+      const int big = k == 1 && (i & 0x7f80) >= 250 << 7; /* 32 up overflows to inf */
+      if (nan ? !nan_out : act[i] != (big ? (i & 0x8000) | 0x7f80 : i)) bad++;
+    }
+    CHECK(bad == 0, "swiglu dtype %d: %d of the 65536 patterns changed", (int)d.dtype, bad);
+    free(h), free(act), free(w);
   }
   sl_swiglu_desc d = sl_swiglu_desc_default();
   d.rows = 4, d.ff = 2, d.num_groups = 2;
@@ -319,6 +408,7 @@ int main(void) {
     test_case(name, in, out, rand_int(1, 2), M, K, N, G, GL, rand_int(0, 1), rand_int(0, M));
   }
   test_bad_inputs();
+  test_vexp();
   test_swiglu();
   printf("test_gmm: %d checks, %d failures\n", checks, failures);
   return failures ? 1 : 0;
