@@ -20,6 +20,8 @@
 #   PROFILE   tgs: N > 0 also traces N steps of each path after its compiling step (sluice-train
 #             --profile; left out of its TGS) and copies where their device time went to
 #             OUT/profile-<path>.txt (the traces stay in OUT/<path>/profile)
+#   FROM_STEP tgs: the figures from the logged windows past this step only (a router balanced by then;
+#             the first steps from initialisation are the least balanced)
 #   EP        expert-parallel degree (default 1); DEVICES: use the first N devices
 #   DATA      a token file from sluice-prepare-data (default: the installed Python docs)
 #   EXTRA     more sluice-train flags; PY: the python (default python3)
