@@ -64,7 +64,13 @@ def parse_args(argv=None):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
-    p.add_argument("--moe-impl", default="ragged_dot", choices=IMPLS)
+    p.add_argument(
+        "--moe-impl",
+        default="sluice",
+        choices=IMPLS,
+        help="sluice: dropless on sluice's kernels (default); ragged_dot: dropless on "
+        "jax.lax.ragged_dot; dense: capacity factor, drops",
+    )
     p.add_argument("--capacity-factor", type=float, default=1.25, help="dense path only")
     p.add_argument(
         "--ep-rows-factor",
