@@ -48,7 +48,7 @@ def tgs(out):
             "mfu": statistics.median(mfu) if mfu else "n/a",
             "step_ms": 1e3 * statistics.median(r["step_time"] for r in train),
             "dropped": statistics.mean(r["dropped"] for r in train),
-            "load_cv": statistics.median(r["load_cv"] for r in train),
+            "load_cv": statistics.median(r.get("load_cv", float("nan")) for r in train),
             "peak_mem_gb": train[-1]["peak_mem_gb"],
             "compile_s": compile_s[0] if compile_s else None,
             "steps": train[-1]["step"],

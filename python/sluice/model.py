@@ -254,8 +254,8 @@ class Transformer(nnx.Module):
 # steps; over these presets' hundreds, routing collapsed for most of a run at 1e-3 (dsv3-proxy: the
 # busiest expert got ~30x the mean load until step ~400 of 600, capacity 1.25 dropped 59% of the
 # copies; small: until ~300 of 400) and balanced by step ~100-200 at 1e-2, whose validation losses
-# were 0.007-0.014 lower on both paths (bench/results/convergence-dsv3-h100x2-20261126/,
-# convergence-small-h100x2-20261126/).
+# were 0.007-0.014 lower on both paths, inside the seeds' spread (bench/results/
+# convergence-dsv3-h100x2-20261126/, convergence-small-h100x2-20261126/).
 BIAS_UPDATE_RATE = 1e-2
 
 # Default training sizes beside each model: batch_size (global, sequences), seq_len, lr, steps,
