@@ -37,6 +37,15 @@ def timed(fn, args, calls, rounds):
     return float(np.median(out))
 
 
+def emit(lines, md=None):
+    """Print a result table, and write it to the file md when given."""
+    text = "\n".join(lines)
+    print(text, flush=True)
+    if md:
+        with open(md, "w") as fh:
+            fh.write(text + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=524288)
@@ -82,11 +91,7 @@ def main():
                 f"| {used} | {name} | {fwd:.3f} | {gb_f / fwd * 1e3:.0f} | {both:.3f} | "
                 f"{gb_b / both * 1e3:.0f} |"
             )
-    text = "\n".join(lines)
-    print(text, flush=True)
-    if a.md:
-        with open(a.md, "w") as fh:
-            fh.write(text + "\n")
+    emit(lines, a.md)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import argparse
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_act import timed  # bench/ is the script's sys.path[0]
+from bench_act import emit, timed  # bench/ is the script's sys.path[0]
 
 
 def main():
@@ -65,11 +65,7 @@ def main():
             f"| {name} | {fwd:.3f} | {flops / fwd / 1e9:.0f} | {bwd:.3f} | {err:.1e} | "
             f"{changed:.2%} |"
         )
-    text = "\n".join(lines)
-    print(text, flush=True)
-    if a.md:
-        with open(a.md, "w") as fh:
-            fh.write(text + "\n")
+    emit(lines, a.md)
 
 
 if __name__ == "__main__":

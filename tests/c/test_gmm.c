@@ -34,17 +34,15 @@ static float from_f16(uint16_t h) {
   return f;
 }
 
+static void put(sl_dtype t, void *p, size_t i, float v) { /* v rounded to t */
+  if (t == SL_DTYPE_F32)
+    ((float *)p)[i] = v;
+  else
+    ((uint16_t *)p)[i] = t == SL_DTYPE_BF16 ? to_bf16(v) : to_f16(v);
+}
 static void *alloc_random(sl_dtype t, size_t n) {
   void *p = malloc(sl_dtype_size(t) * (n ? n : 1));
-  for (size_t i = 0; i < n; ++i) {
-    float v = rand_float();
-    if (t == SL_DTYPE_F32)
-      ((float *)p)[i] = v;
-    else if (t == SL_DTYPE_BF16)
-      ((uint16_t *)p)[i] = to_bf16(v);
-    else
-      ((uint16_t *)p)[i] = to_f16(v);
-  }
+  for (size_t i = 0; i < n; ++i) put(t, p, i, rand_float());
   return p;
 }
 static double get(sl_dtype t, const void *p, size_t i) {
@@ -264,13 +262,6 @@ static void test_vexp(void) {
   CHECK(isnan(1.0f / (1.0f + sl_vexpf(-NAN))), "sigmoid(NaN)");
   CHECK(sl_vexpf(0.0f) == 1.0f && sl_vexpf(-0.0f) == 1.0f && sl_vexpf(-104.5f) == 0.0f,
         "vexp(0), vexp(-0), vexp(-104.5)");
-}
-
-static void put(sl_dtype t, void *p, size_t i, float v) { /* v rounded to t, as alloc_random */
-  if (t == SL_DTYPE_F32)
-    ((float *)p)[i] = v;
-  else
-    ((uint16_t *)p)[i] = t == SL_DTYPE_BF16 ? to_bf16(v) : to_f16(v);
 }
 
 /* swiglu in f32, bf16 and f16 against the formula in double on the rounded inputs, unweighted and
