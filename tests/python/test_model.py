@@ -3,6 +3,7 @@ preset lower the loss on real text, and a checkpointed run resumes to the same r
 
 import dataclasses
 import glob
+import gzip
 import json
 import os
 import shutil
@@ -120,6 +121,37 @@ def test_missing_corpus_names_the_package(monkeypatch):
     monkeypatch.setattr(data, "SOURCE_GLOB", "/nonexistent/python3.*/html/_sources")
     with pytest.raises(FileNotFoundError, match="python3-doc"):
         data.build_corpus()
+
+
+def test_more_corpus_sources_read_their_packages_layouts(tmp_path, monkeypatch):
+    """The extra sources of sluice-prepare-data --sources, on small stand-ins for their packages'
+    files: every document's text arrives once, between EOS tokens, in train or val by its key."""
+    entries = [f"Word{i} \\Word{i}\\, n.\n   Meaning {i}.\n   [1913 Webster]\n" for i in range(400)]
+    gcide = tmp_path / "gcide.dict.dz"
+    with gzip.open(gcide, "wt", encoding="utf-8") as f:
+        f.write("\n".join(entries))
+    pod = tmp_path / "perl" / "5.36.0" / "pod"
+    git = tmp_path / "git-doc" / "howto"
+    pod.mkdir(parents=True)
+    git.mkdir(parents=True)
+    (pod / "perlintro.pod").write_text("=head1 NAME\n\nperlintro - a brief introduction\n")
+    (git / "setup.txt").write_text("Setting up a repository\n=======================\n")
+    monkeypatch.setattr(data, "GCIDE_PATH", str(gcide))
+    monkeypatch.setattr(data, "GCIDE_DOC_CHARS", 1000)
+    monkeypatch.setattr(data, "PERL_POD_GLOB", str(tmp_path / "perl" / "5.*" / "pod"))
+    monkeypatch.setattr(data, "GIT_DOC_DIR", str(tmp_path / "git-doc"))
+    docs = list(data.SOURCES["gcide"]())
+    assert len(docs) > 10 and "".join(t for _, t in docs) == "\n".join(entries)
+    assert all(t.startswith("Word") for _, t in docs)  # cut at blank lines, between entries
+    corpus = data.build_corpus(sources=("gcide", "perl-pod", "git-doc"))
+    text = data.decode(np.concatenate([corpus["train"], corpus["val"]]))
+    assert "perlintro - a brief" in text and "Setting up a repository" in text
+    assert "Word399" in text and int((corpus["train"] == data.EOS).sum()) > 10
+    with pytest.raises(ValueError, match="unknown corpus sources.*gcide"):
+        data.build_corpus(sources=("wikipedia",))
+    monkeypatch.setattr(data, "GCIDE_PATH", str(tmp_path / "none.dz"))
+    with pytest.raises(FileNotFoundError, match="dict-gcide"):
+        data.build_corpus(sources=("gcide",))
 
 
 @pytest.mark.skipif(not HAVE_DOCS, reason=f"corpus not installed: {data.APT_HINT}")
