@@ -117,7 +117,19 @@ def convergence(out):
     step = min(max(evals) for _, evals, _ in runs.values())
     planned = next(iter(runs.values()))[0]["hp"]["steps"]
     rows, table = {}, []
-    for name in ("dropless", "cf1.25", "cf2.0", "nodrop"):
+
+    def order(name):  # dropless, the capacity factors in rising order, the rest by name
+        cf = name.removeprefix("cf")
+        return (
+            (0, 0.0, "")
+            if name == "dropless"
+            else (1, float(cf), "")
+            if cf != name
+            else (2, 0, name)
+        )
+
+    names = sorted({name for name, _ in runs}, key=order)
+    for name in names:
         got = [(seed, runs[name, seed]) for seed in seeds if (name, seed) in runs]
         if not got:
             continue
@@ -146,7 +158,10 @@ def convergence(out):
             f"(of {planned} planned) of {hp['batch_size']}x{hp['seq_len']} tokens per step, "
             f"{cfg['devices']} x {cfg['device_kind']}, jax {cfg['jax']}."
         ),
-        "Validation loss (nats per byte) on the fixed validation split of the python3-doc sources.",
+        (
+            "Validation loss (nats per byte) on the fixed validation split of "
+            f"{os.path.basename(cfg['args']['data']) if cfg['args'].get('data') else 'the python3-doc sources'}."
+        ),
         "",
         (
             f"| path | val loss, seeds {' / '.join(map(str, seeds))} | mean | seed spread "
@@ -155,6 +170,27 @@ def convergence(out):
         "| --- | --- | --- | --- | --- | --- |",
         *table,
     ]
+    # every evaluation all runs reached: each path's mean, and its gap to dropless's
+    steps = sorted(set.intersection(*(set(evals) for _, evals, _ in runs.values())))
+    means = {
+        name: [statistics.mean(runs[name, sd][1][st] for sd in rows[name]["seeds"]) for st in steps]
+        for name in rows
+    }
+    lines += [
+        "",
+        "Mean validation loss over the seeds at each evaluation (in brackets: minus dropless's).",
+        "",
+        "| step | " + " | ".join(means) + " |",
+        "| --- " * (len(means) + 1) + "|",
+    ]
+    for i, st in enumerate(steps):
+        base = means.get("dropless", [None] * len(steps))[i]
+        cells = [
+            f"{m[i]:.4f}"
+            + (f" ({m[i] - base:+.4f})" if base is not None and n != "dropless" else "")
+            for n, m in means.items()
+        ]
+        lines.append(f"| {st} | " + " | ".join(cells) + " |")
     a, b = rows.get("dropless", {}).get("val_loss"), rows.get("nodrop", {}).get("val_loss")
     if a and b:
         gaps = [abs(x - y) for x, y in zip(a, b)]
