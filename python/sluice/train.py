@@ -147,6 +147,13 @@ def parse_args(argv=None):
         help="weight of the Switch-style load-balance loss, 0 = off (default: the preset's)",
     )
     p.add_argument(
+        "--shared-experts",
+        dest="num_shared_experts",
+        type=int,
+        help="shared experts (one SwiGLU of this many times d_ff every token passes), 0 = none "
+        "(default: the preset's)",
+    )
+    p.add_argument(
         "--remat",
         action="store_true",
         help="recompute each block's activations in the backward pass (jax.checkpoint per block): "
@@ -203,7 +210,7 @@ def build_config(a) -> tuple[ModelConfig, dict]:
         ep_rows_factor=a.ep_rows_factor,
         ep_num_sms=a.ep_sms,
     )
-    for k in ("bias_update_rate", "aux_loss_coef"):
+    for k in ("bias_update_rate", "aux_loss_coef", "num_shared_experts"):
         if getattr(a, k) is not None:
             moe = dataclasses.replace(moe, **{k: getattr(a, k)})
     cfg = dataclasses.replace(cfg, moe=moe, attention=a.attention, remat=a.remat)

@@ -569,7 +569,7 @@ def test_profile_traces_steps_and_leaves_them_out_of_the_log(tmp_path):
     assert profile.category("loop_multiply_fusion") == "other fusion"
 
 
-def test_router_balancing_flags_override_the_preset():
+def test_router_and_shared_expert_flags_override_the_preset():
     from sluice import train
     from sluice.model import BIAS_UPDATE_RATE
 
@@ -578,7 +578,9 @@ def test_router_balancing_flags_override_the_preset():
     assert cfg.moe.bias_update_rate == BIAS_UPDATE_RATE == small.bias_update_rate
     assert cfg.moe.aux_loss_coef == PRESETS["dsv3-proxy"]["model"].moe.aux_loss_coef
     argv = ["--preset", "small", "--bias-update-rate", "0", "--aux-loss-coef", "0.003"]
-    cfg, _ = train.build_config(train.parse_args(argv))
+    cfg, _ = train.build_config(train.parse_args(argv + ["--shared-experts", "0"]))
     assert cfg.moe.bias_update_rate == 0.0 and cfg.moe.aux_loss_coef == 0.003
+    assert small.num_shared_experts == 1 and cfg.moe.num_shared_experts == 0
+    assert cfg.active_params() == PRESETS["small"]["model"].active_params() - 3 * 512 * 256 * 7
     tiny, _ = train.build_config(train.parse_args(["--preset", "tiny"]))
     assert tiny.moe.aux_loss_coef == PRESETS["tiny"]["model"].moe.aux_loss_coef > 0
