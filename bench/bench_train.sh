@@ -13,8 +13,10 @@
 #             ending in -remat adds --remat (sluice-remat: the sluice path, blocks recomputed)
 #   DROPLESS  convergence: the dropless path, sluice (default) or ragged_dot
 #   SEEDS     convergence: the seeds (default '0 1')
-#   NAMES     convergence: the paths (default 'dropless cf1.25 cf2.0'); two calls with different
-#             NAMES, CUDA_VISIBLE_DEVICES and the same OUT run the paths side by side on two GPUs
+#   NAMES     convergence: the paths (default 'dropless cf1.25 cf2.0'): dropless, nodrop, or cfX for
+#             the dense path at capacity factor X
+#   SIDE_BY_SIDE  convergence: 1 runs path i on GPU i (CUDA_VISIBLE_DEVICES=i), all paths at once,
+#             each path's seeds in turn (default 0: one run at a time, seed by seed)
 #   CONTROL   convergence: 1 adds 'nodrop', the dense path with a capacity that drops nothing (the
 #             same model as dropless computed another way: the spread between the two is the noise)
 #   PROFILE   tgs: N > 0 also traces N steps of each path after its compiling step (sluice-train
@@ -83,24 +85,43 @@ convergence)
   # shellcheck disable=SC2206
   names=(${NAMES:-dropless cf1.25 cf2.0})
   [[ "${CONTROL:-0}" == 1 ]] && names+=(nodrop)
+  # shellcheck disable=SC2206
+  seeds=(${SEEDS:-0 1})
+  run_one() {  # NAME SEED
+    finished "$1-s$2" "$steps" && return 0
+    case $1 in
+      dropless) impl=(--moe-impl "${DROPLESS:-sluice}") ;;
+      nodrop) impl=(--moe-impl dense --capacity-factor 1000) ;;
+      *) impl=(--moe-impl dense --capacity-factor "${1#cf}") ;;
+    esac
+    run "$1-s$2" "${flags[@]}" --seed "$2" "${impl[@]}"
+  }
+  if [[ "${SIDE_BY_SIDE:-0}" == 1 ]]; then  # path i on GPU i, all at once; its seeds in turn
+    pids=()
+    for i in "${!names[@]}"; do
+      (
+        export CUDA_VISIBLE_DEVICES=$i
+        for seed in "${seeds[@]}"; do run_one "${names[$i]}" "$seed"; done
+      ) &
+      pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid"; done
+  else  # one run at a time, seed by seed: a time limit cuts every path alike
+    for seed in "${seeds[@]}"; do
+      for name in "${names[@]}"; do run_one "$name" "$seed"; done
+    done
+  fi
   runs=()
   labels=()
-  for seed in ${SEEDS:-0 1}; do
+  for seed in "${seeds[@]}"; do
     for name in "${names[@]}"; do
       runs+=("$out/$name-s$seed")
       labels+=("$name s$seed")
-      finished "$name-s$seed" "$steps" && continue
-      case $name in
-        dropless) impl=(--moe-impl "${DROPLESS:-sluice}") ;;
-        nodrop) impl=(--moe-impl dense --capacity-factor 1000) ;;
-        *) impl=(--moe-impl dense --capacity-factor "${name#cf}") ;;
-      esac
-      run "$name-s$seed" "${flags[@]}" --seed "$seed" "${impl[@]}"
     done
   done
   labels_csv=$(IFS=,; echo "${labels[*]}")
   "$py" -m sluice.plot "${runs[@]}" --out "$out/loss.png" --labels "$labels_csv" \
-    --title "$preset: dropless (${DROPLESS:-sluice}) vs capacity factor 1.25 / 2.0, $steps steps"
+    --title "$preset: ${names[*]} (dropless: ${DROPLESS:-sluice}), $steps steps"
   "$py" "$here/summarize_train.py" convergence "$out"
   ;;
 *)

@@ -5,6 +5,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 PROBE = """
@@ -44,3 +46,44 @@ def test_hlo_peak_says_what_is_missing(tmp_path):
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert r.returncode != 0 and "no optimised HLO or buffer assignment" in r.stderr
+
+
+def test_summarize_train_convergence_tables_every_path_and_evaluation(tmp_path):
+    """bench/summarize_train.py convergence on stand-in runs: every path named in the run directories
+    (dropless first, capacity factors in rising order), the last evaluation all runs reached, the
+    mean dropped fraction, and each path's mean at every evaluation beside dropless's."""
+    import json
+
+    def write_run(name, seed, evals, dropped, steps=4):
+        d = tmp_path / f"{name}-s{seed}"
+        d.mkdir()
+        cfg = {
+            "args": {"preset": "tiny", "data": "/x/corpus-all.npz"},
+            "hp": {"steps": steps, "batch_size": 4, "seq_len": 64},
+            "devices": 1,
+            "device_kind": "cpu",
+            "jax": "0",
+        }
+        (d / "config.json").write_text(json.dumps(cfg))
+        recs = [{"kind": "train", "step": s, "dropped": dropped} for s in (2, 4)]
+        recs += [{"kind": "eval", "step": s, "val_loss": v} for s, v in evals.items()]
+        (d / "metrics.jsonl").write_text("\n".join(map(json.dumps, recs)) + "\n")
+
+    for seed, off in ((0, 0.0), (1, 0.2)):
+        write_run("dropless", seed, {2: 3.0 + off, 4: 2.0 + off}, 0.0)
+        write_run("cf1.25", seed, {2: 3.1 + off, 4: 2.1 + off}, 0.2)
+        write_run("cf1.0", seed, {2: 3.3 + off}, 0.3)  # cut short after its first evaluation
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "summarize_train.py"), "convergence", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "validation loss at step 2 (of 4 planned)" in out and "corpus-all.npz" in out
+    rows = [r for r in out.splitlines() if r.startswith("| ") and not r.startswith("| ---")]
+    assert [r.split(" | ")[0] for r in rows[:4]] == ["| path", "| dropless", "| cf1.0", "| cf1.25"]
+    assert rows[2].endswith("| 0.3000 | s0, s1 |") and rows[3].endswith("| 0.2000 | - |")
+    assert rows[4] == "| step | dropless | cf1.0 | cf1.25 |"
+    assert rows[5] == "| 2 | 3.1000 | 3.4000 (+0.3000) | 3.2000 (+0.1000) |"
+    got = json.loads((tmp_path / "convergence.json").read_text())
+    assert got["step"] == 2 and got["paths"]["cf1.25"]["val_loss"] == pytest.approx([3.1, 3.3])
