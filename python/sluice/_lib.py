@@ -67,7 +67,6 @@ lib.sl_gmm_cuda_workspace_size.argtypes = [ctypes.POINTER(GmmDesc)]
 DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2, "int32": 3}
 
 
-
 def has_cuda() -> bool:
     return bool(lib.sl_has_cuda())
 

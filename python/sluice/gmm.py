@@ -60,9 +60,7 @@ def _offset_array(group_offset):
     return jnp.reshape(jnp.asarray(group_offset, jnp.int32), (1,))
 
 
-def _ffi(
-    target, out_shape, out_dtype, lhs, rhs, group_sizes, group_offset, *, n, g_local, **attrs
-):
+def _ffi(target, out_shape, out_dtype, lhs, rhs, group_sizes, group_offset, *, n, g_local, **attrs):
     """One FFI call of `target` (gmm or tgmm) with `attrs`: lhs [..., M, K], output [..., N]
     columns, g_local local groups; its workspace sized by the library for this problem."""
     m, k = lhs.shape[-2:]
@@ -80,8 +78,10 @@ def _ffi(
     kw = _vary_kw(lhs, rhs, group_sizes, group_offset)
     call = jax.ffi.ffi_call(
         target,
-        (jax.ShapeDtypeStruct(out_shape, out_dtype, **kw),
-         jax.ShapeDtypeStruct((ws,), jnp.uint8, **kw)),
+        (
+            jax.ShapeDtypeStruct(out_shape, out_dtype, **kw),
+            jax.ShapeDtypeStruct((ws,), jnp.uint8, **kw),
+        ),
         vmap_method="broadcast_all",
     )
     return call(lhs, rhs, group_sizes, group_offset, **attrs)[0]
