@@ -427,9 +427,7 @@ def merge(args):
                 "weight gradient writing the same G x K x N output as tgmm."
             ),
             "",
-            "| shape | sizes | cuBLAS batched | cuBLAS batched wgrad | "
-            + " | ".join(refs)
-            + " |",
+            "| shape | sizes | cuBLAS batched | cuBLAS batched wgrad | " + " | ".join(refs) + " |",
             "|" + "---|" * (4 + len(refs)),
         ]
         for r in rows:
@@ -484,9 +482,7 @@ def main():
     p.add_argument("--lib", default="build-gpu/libsluice_gpu.so")
     p.add_argument("--out", default="bench.json")
     p.add_argument("--iters", type=int, default=30)
-    p.add_argument(
-        "--timing", choices=["queued", "synced"], default="queued", help="see time_cuda"
-    )
+    p.add_argument("--timing", choices=["queued", "synced"], default="queued", help="see time_cuda")
     p.add_argument("--jax-iters", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shapes", help='"bench" (default: BENCHMARKS.md\'s four), "fine", or names')

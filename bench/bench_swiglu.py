@@ -31,7 +31,8 @@ def block(mm, x, wg, wu, wd, gs):
 
 def loss(mm):
     return lambda x, wg, wu, wd, gs, cot: jnp.sum(
-        block(mm, x, wg, wu, wd, gs).astype(jnp.float32) * cot)
+        block(mm, x, wg, wu, wd, gs).astype(jnp.float32) * cot
+    )
 
 
 def timeit(f, args, reps):
@@ -49,15 +50,24 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--out", default=None)
-    p.add_argument("--skip-ragged", action="store_true",
-                   help="time sluice only (A/B runs of kernel variants through SLUICE_*_VARIANT)")
+    p.add_argument(
+        "--skip-ragged",
+        action="store_true",
+        help="time sluice only (A/B runs of kernel variants through SLUICE_*_VARIANT)",
+    )
     args = p.parse_args()
     rng = np.random.default_rng(0)
     dev = jax.devices()[0]
-    results = {"device": dev.device_kind, "jax": jax.__version__,
-               "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cases": []}
-    print(f"{'shape':12s} {'dist':8s} {'sluice ms':>10s} {'ragged ms':>10s} {'sluice TF/s':>12s} "
-          f"{'ragged TF/s':>12s} {'speed-up':>9s} {'grad rel err':>12s}")
+    results = {
+        "device": dev.device_kind,
+        "jax": jax.__version__,
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cases": [],
+    }
+    print(
+        f"{'shape':12s} {'dist':8s} {'sluice ms':>10s} {'ragged ms':>10s} {'sluice TF/s':>12s} "
+        f"{'ragged TF/s':>12s} {'speed-up':>9s} {'grad rel err':>12s}"
+    )
     for name, (m, g, h, f) in SHAPES.items():
         for dist in ("uniform", "skewed"):
             pr = rng.dirichlet(np.full(g, 0.3)) if dist == "skewed" else np.full(g, 1 / g)
@@ -73,25 +83,48 @@ def main():
             rd_f = jax.jit(jax.grad(loss(jax.lax.ragged_dot), argnums=(0, 1, 2, 3)))
             flops = 18.0 * m * h * f
             t_s = timeit(gs_f, a, args.reps)
-            case = {"shape": name, "dist": dist, "m": m, "g": g, "h": h, "f": f,
-                    "sluice_ms": t_s * 1e3, "sluice_tflops": flops / t_s / 1e12}
+            case = {
+                "shape": name,
+                "dist": dist,
+                "m": m,
+                "g": g,
+                "h": h,
+                "f": f,
+                "sluice_ms": t_s * 1e3,
+                "sluice_tflops": flops / t_s / 1e12,
+            }
             if args.skip_ragged:
-                print(f"{name:12s} {dist:8s} {t_s*1e3:10.2f} {'-':>10s} {flops/t_s/1e12:12.1f}")
+                print(
+                    f"{name:12s} {dist:8s} {t_s * 1e3:10.2f} {'-':>10s} {flops / t_s / 1e12:12.1f}"
+                )
                 results["cases"].append(case)
                 continue
             try:
                 t_r = timeit(rd_f, a, max(3, args.reps // 3))
                 ga, gb = gs_f(*a), rd_f(*a)
-                err = max(float(jnp.linalg.norm(u.astype(jnp.float32) - v.astype(jnp.float32))
-                                / jnp.linalg.norm(v.astype(jnp.float32))) for u, v in zip(ga, gb))
-                case.update(ragged_ms=t_r * 1e3, ragged_tflops=flops / t_r / 1e12,
-                            speedup=t_r / t_s, grad_rel_err=err)
-                print(f"{name:12s} {dist:8s} {t_s*1e3:10.2f} {t_r*1e3:10.2f} "
-                      f"{flops/t_s/1e12:12.1f} {flops/t_r/1e12:12.1f} {t_r/t_s:8.1f}x {err:12.2e}")
+                err = max(
+                    float(
+                        jnp.linalg.norm(u.astype(jnp.float32) - v.astype(jnp.float32))
+                        / jnp.linalg.norm(v.astype(jnp.float32))
+                    )
+                    for u, v in zip(ga, gb)
+                )
+                case.update(
+                    ragged_ms=t_r * 1e3,
+                    ragged_tflops=flops / t_r / 1e12,
+                    speedup=t_r / t_s,
+                    grad_rel_err=err,
+                )
+                print(
+                    f"{name:12s} {dist:8s} {t_s * 1e3:10.2f} {t_r * 1e3:10.2f} "
+                    f"{flops / t_s / 1e12:12.1f} {flops / t_r / 1e12:12.1f} {t_r / t_s:8.1f}x {err:12.2e}"
+                )
             except Exception as e:  # noqa: BLE001 - ragged_dot's temporaries can exceed memory
                 case.update(ragged_error=str(e).splitlines()[0][:200])
-                print(f"{name:12s} {dist:8s} {t_s*1e3:10.2f} {'failed':>10s} "
-                      f"{flops/t_s/1e12:12.1f}  ragged_dot: {case['ragged_error'][:60]}")
+                print(
+                    f"{name:12s} {dist:8s} {t_s * 1e3:10.2f} {'failed':>10s} "
+                    f"{flops / t_s / 1e12:12.1f}  ragged_dot: {case['ragged_error'][:60]}"
+                )
             results["cases"].append(case)
             del gs_f, rd_f
     if args.out:

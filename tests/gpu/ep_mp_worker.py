@@ -214,8 +214,13 @@ def check_peer_never_arrives():
     client = distributed.global_state.client
     # NCCL's warm-up exchange at setup took more than 3 s across 8 processes (the timeout is also
     # setup's): 10 s there
-    ep.setup(MESH, "ep", timeout_s=10.0 if ARGS.transport == "nccl" else 3.0, num_sms=8,
-             transport=ARGS.transport)
+    ep.setup(
+        MESH,
+        "ep",
+        timeout_s=10.0 if ARGS.transport == "nccl" else 3.0,
+        num_sms=8,
+        transport=ARGS.transport,
+    )
     t, h, k, e = 8, 64, 2, max(4, R)
     x, idx, w = placed(
         np.ones((R * t, h), np.float32),
