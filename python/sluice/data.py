@@ -7,7 +7,7 @@ documents. The split is by document and fixed: a document is in the validation s
 of its path relative to ``_sources`` is 0 mod 20 (about 5% of the text).
 
 ``sluice-prepare-data --sources`` adds more text for longer runs (``SOURCES``; ~64 M tokens in all):
-the 1913 Webster of ``dict-gcide`` (40 MB, cut into documents of ~64 KB at entry boundaries), Perl's
+the 1913 Webster of ``dict-gcide`` (40 MB, cut into documents of ~64 KB between entries), Perl's
 manual (``perl-doc``, 9 MB of POD) and Git's (``git-doc``, 3 MB of AsciiDoc). Their documents are
 split the same way, by the CRC-32 of ``<source>/<path>``, and the documents of several sources are
 interleaved in a fixed order (by another CRC-32 of their keys), so that every part of the training and
@@ -79,8 +79,9 @@ def _python_docs():
 
 
 def _gcide():
-    """The dictionary (a dictzip file, which gzip reads) cut at the first blank line past every
-    GCIDE_DOC_CHARS characters, so that its validation part is ~5% of the entries, not of the letters."""
+    """The dictionary (a dictzip file, which gzip reads) cut at the first blank line (between two
+    entries) past every GCIDE_DOC_CHARS characters: ~600 documents, so that the validation split
+    takes pages from the whole alphabet."""
     if not os.path.exists(GCIDE_PATH):
         raise _missing(GCIDE_PATH, "dict-gcide")
     with gzip.open(GCIDE_PATH, "rt", encoding="utf-8", errors="replace") as f:

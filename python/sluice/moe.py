@@ -105,6 +105,8 @@ class MoEConfig:
             raise ValueError("top_k exceeds the experts in topk_groups groups")
         if self.capacity_factor <= 0:
             raise ValueError("capacity_factor must be positive")
+        if self.num_shared_experts < 0:
+            raise ValueError(f"num_shared_experts must be >= 0, got {self.num_shared_experts}")
         if self.ep_rows_factor is not None and not self.ep_rows_factor > 0:
             raise ValueError(f"ep_rows_factor must be positive or None, got {self.ep_rows_factor}")
         if self.ep_num_sms is not None and not (

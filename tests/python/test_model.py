@@ -581,6 +581,8 @@ def test_router_and_shared_expert_flags_override_the_preset():
     cfg, _ = train.build_config(train.parse_args(argv + ["--shared-experts", "0"]))
     assert cfg.moe.bias_update_rate == 0.0 and cfg.moe.aux_loss_coef == 0.003
     assert small.num_shared_experts == 1 and cfg.moe.num_shared_experts == 0
+    with pytest.raises(ValueError, match="num_shared_experts must be >= 0"):
+        train.build_config(train.parse_args(["--preset", "small", "--shared-experts", "-1"]))
     assert cfg.active_params() == PRESETS["small"]["model"].active_params() - 3 * 512 * 256 * 7
     tiny, _ = train.build_config(train.parse_args(["--preset", "tiny"]))
     assert tiny.moe.aux_loss_coef == PRESETS["tiny"]["model"].moe.aux_loss_coef > 0
