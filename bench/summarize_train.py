@@ -6,18 +6,22 @@ python bench/summarize_train.py convergence DIR   -> DIR/convergence.md, DIR/con
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import re
 import statistics
 import sys
 
 
 def _records(run_dir):
+    """The run's metrics.jsonl, or its gzip (how bench/results keeps the long ones)."""
     path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    for p, opener in ((path, open), (path + ".gz", gzip.open)):
+        if os.path.exists(p):
+            with opener(p, "rt") as f:
+                return [json.loads(line) for line in f if line.strip()]
+    return []
 
 
 def _last_log_line(out, name):
@@ -95,7 +99,11 @@ def tgs(out):
 def convergence(out):
     """Validation loss of each path and seed at the last evaluation step that every run reached (the
     planned last step when all finished; runs cut short by a time limit are marked)."""
-    dirs = [d for d in os.listdir(out) if os.path.isdir(os.path.join(out, d)) and "-s" in d]
+    dirs = [  # NAME-sSEED run directories only
+        d
+        for d in os.listdir(out)
+        if os.path.isdir(os.path.join(out, d)) and re.fullmatch(r".+-s\d+", d)
+    ]
     seeds = sorted({int(d.rsplit("-s", 1)[1]) for d in dirs})
     runs = {}  # (name, seed) -> (config, {step: val_loss}, train records)
     for d in dirs:

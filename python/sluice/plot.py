@@ -3,7 +3,7 @@ time.
 
     sluice-plot runs/tiny-ragged_dot-s0 runs/tiny-dense-cf1.25-s0 --out loss.png
 
-Each RUN is a directory written by sluice-train (its metrics.jsonl). Training loss is smoothed with
+Each RUN is a directory written by sluice-train (its metrics.jsonl, or metrics.jsonl.gz). Training loss is smoothed with
 an exponential moving average (--smooth); validation loss is drawn as markers. Wall time is the
 training time the run recorded (compilation, evaluation and checkpoints excluded).
 """
@@ -11,17 +11,20 @@ training time the run recorded (compilation, evaluation and checkpoints excluded
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 
 
 def read_run(path: str) -> dict:
     metrics = os.path.join(path, "metrics.jsonl")
+    if os.path.exists(metrics + ".gz") and not os.path.exists(metrics):
+        metrics += ".gz"  # how bench/results keeps the long ones
     if not os.path.exists(metrics):
         raise SystemExit(
             f"sluice-plot: {metrics} not found (is {path} a sluice-train --out directory?)"
         )
-    with open(metrics) as f:
+    with (gzip.open if metrics.endswith(".gz") else open)(metrics, "rt") as f:
         recs = [json.loads(line) for line in f if line.strip()]
     return {
         "train": [r for r in recs if r.get("kind") == "train"],

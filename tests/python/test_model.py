@@ -259,6 +259,12 @@ def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp, states, accum)
     plot.main([out, resumed, "--out", png, "--labels", "straight,resumed"])
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    plain = plot.read_run(resumed)  # bench/results keeps long runs' metrics gzipped
+    metrics = os.path.join(resumed, "metrics.jsonl")
+    with open(metrics, "rb") as f, gzip.open(metrics + ".gz", "wb") as g:
+        g.write(f.read())
+    os.remove(metrics)
+    assert plot.read_run(resumed) == plain and plain["eval"]
 
 
 def test_weight_copies_change_nothing():

@@ -51,7 +51,9 @@ def test_hlo_peak_says_what_is_missing(tmp_path):
 def test_summarize_train_convergence_tables_every_path_and_evaluation(tmp_path):
     """bench/summarize_train.py convergence on stand-in runs: every path named in the run directories
     (dropless first, capacity factors in rising order), the last evaluation all runs reached, the
-    mean dropped fraction, and each path's mean at every evaluation beside dropless's."""
+    mean dropped fraction, and each path's mean at every evaluation beside dropless's; metrics from
+    metrics.jsonl or its gzip; other directories ignored."""
+    import gzip
     import json
 
     def write_run(name, seed, evals, dropped, steps=4):
@@ -67,12 +69,18 @@ def test_summarize_train_convergence_tables_every_path_and_evaluation(tmp_path):
         (d / "config.json").write_text(json.dumps(cfg))
         recs = [{"kind": "train", "step": s, "dropped": dropped} for s in (2, 4)]
         recs += [{"kind": "eval", "step": s, "val_loss": v} for s, v in evals.items()]
-        (d / "metrics.jsonl").write_text("\n".join(map(json.dumps, recs)) + "\n")
+        text = "\n".join(map(json.dumps, recs)) + "\n"
+        if name == "cf1.0":  # as bench/results keeps the long ones
+            with gzip.open(d / "metrics.jsonl.gz", "wt") as f:
+                f.write(text)
+        else:
+            (d / "metrics.jsonl").write_text(text)
 
     for seed, off in ((0, 0.0), (1, 0.2)):
         write_run("dropless", seed, {2: 3.0 + off, 4: 2.0 + off}, 0.0)
         write_run("cf1.25", seed, {2: 3.1 + off, 4: 2.1 + off}, 0.2)
         write_run("cf1.0", seed, {2: 3.3 + off}, 0.3)  # cut short after its first evaluation
+    (tmp_path / "no-shared-expert").mkdir()
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "summarize_train.py"), "convergence", str(tmp_path)],
         capture_output=True,
