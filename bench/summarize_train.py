@@ -127,14 +127,11 @@ def convergence(out):
     rows, table = {}, []
 
     def order(name):  # dropless, the capacity factors in rising order, the rest by name
-        cf = name.removeprefix("cf")
-        return (
-            (0, 0.0, "")
-            if name == "dropless"
-            else (1, float(cf), "")
-            if cf != name
-            else (2, 0, name)
-        )
+        if name == "dropless":
+            return (0, 0.0, "")
+        if name.startswith("cf"):
+            return (1, float(name[2:]), "")
+        return (2, 0.0, name)
 
     names = sorted({name for name, _ in runs}, key=order)
     for name in names:
@@ -160,16 +157,15 @@ def convergence(out):
         json.dump({"step": step, "planned_steps": planned, "paths": rows}, f, indent=1)
     cfg = next(iter(runs.values()))[0]
     hp = cfg["hp"]
+    data = cfg["args"].get("data")
+    data = os.path.basename(data) if data else "the python3-doc sources"
     lines = [
         (
             f"Convergence at equal steps: preset {cfg['args']['preset']}, validation loss at step {step} "
             f"(of {planned} planned) of {hp['batch_size']}x{hp['seq_len']} tokens per step, "
             f"{cfg['devices']} x {cfg['device_kind']}, jax {cfg['jax']}."
         ),
-        (
-            "Validation loss (nats per byte) on the fixed validation split of "
-            f"{os.path.basename(cfg['args']['data']) if cfg['args'].get('data') else 'the python3-doc sources'}."
-        ),
+        f"Validation loss (nats per byte) on the fixed validation split of {data}.",
         "",
         (
             f"| path | val loss, seeds {' / '.join(map(str, seeds))} | mean | seed spread "
@@ -191,11 +187,10 @@ def convergence(out):
         "| step | " + " | ".join(means) + " |",
         "| --- " * (len(means) + 1) + "|",
     ]
+    base = means.get("dropless")
     for i, st in enumerate(steps):
-        base = means.get("dropless", [None] * len(steps))[i]
         cells = [
-            f"{m[i]:.4f}"
-            + (f" ({m[i] - base:+.4f})" if base is not None and n != "dropless" else "")
+            f"{m[i]:.4f}" + (f" ({m[i] - base[i]:+.4f})" if base and n != "dropless" else "")
             for n, m in means.items()
         ]
         lines.append(f"| {st} | " + " | ".join(cells) + " |")

@@ -341,7 +341,8 @@ sl_status sl_ep_redispatch_cuda(int64_t comm_id, const sl_ep_desc *desc, const v
  * fan_in (local): out[i] = sum over slots j = 0..k-1 with pos[i,j] >= 0 of w[i,j] * ys[pos[i,j]], in
  * f32 in slot order, rounded once to out's dtype. fan_in_bwd: dys[pos[i,j]] = w[i,j] * dout[i] (rows
  * past sum(group_sizes), fan_out's, are zero), dw[i,j] = <dout[i], ys[pos[i,j]]> in f32 (0 where pos
- * is -1); ys and dw both NULL: dys only (for weights that need no gradient: ys is not read). On CUDA, ids outside [-1, L) and repeats count as -1 (SLUICE_DEBUG=1: an error).
+ * is -1); ys and dw both NULL: dys only (for weights that need no gradient: ys is not read). On
+ * CUDA, ids outside [-1, L) and repeats count as -1 (SLUICE_DEBUG=1: an error).
  * Shapes: desc->num_tokens is N here, desc->hidden H, desc->topk k, num_local_experts L; dtypes
  * x_dtype of recv_x/xs/ys/dys and out_dtype of out/dout. CPU rejects ids outside [-1, L) and a
  * repeated id in one row. */

@@ -3,9 +3,9 @@ time.
 
     sluice-plot runs/tiny-ragged_dot-s0 runs/tiny-dense-cf1.25-s0 --out loss.png
 
-Each RUN is a directory written by sluice-train (its metrics.jsonl, or metrics.jsonl.gz). Training loss is smoothed with
-an exponential moving average (--smooth); validation loss is drawn as markers. Wall time is the
-training time the run recorded (compilation, evaluation and checkpoints excluded).
+Each RUN is a directory written by sluice-train (its metrics.jsonl, or metrics.jsonl.gz). Training
+loss is smoothed with an exponential moving average (--smooth); validation loss is drawn as markers.
+Wall time is the training time the run recorded (compilation, evaluation and checkpoints excluded).
 """
 
 from __future__ import annotations
