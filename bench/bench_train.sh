@@ -15,8 +15,9 @@
 #   SEEDS     convergence: the seeds (default '0 1')
 #   NAMES     convergence: the paths (default 'dropless cf1.25 cf2.0'): dropless, nodrop, or cfX for
 #             the dense path at capacity factor X
-#   SIDE_BY_SIDE  convergence: 1 runs path i on GPU i (CUDA_VISIBLE_DEVICES=i), all paths at once,
-#             each path's seeds in turn (default 0: one run at a time, seed by seed)
+#   SIDE_BY_SIDE  convergence: 1 runs the runs (seed by seed, each seed's paths in turn) on $GPUS
+#             GPUs at once, run j on GPU j mod GPUS (CUDA_VISIBLE_DEVICES), each GPU's in turn; GPUS
+#             defaults to the number of paths: path i on GPU i (default 0: one run at a time)
 #   CONTROL   convergence: 1 adds 'nodrop', the dense path with a capacity that drops nothing (the
 #             same model as dropless computed another way: the spread between the two is the noise)
 #   PROFILE   tgs: N > 0 also traces N steps of each path after its compiling step (sluice-train
@@ -96,12 +97,19 @@ convergence)
     esac
     run "$1-s$2" "${flags[@]}" --seed "$2" "${impl[@]}"
   }
-  if [[ "${SIDE_BY_SIDE:-0}" == 1 ]]; then  # path i on GPU i, all at once; its seeds in turn
+  if [[ "${SIDE_BY_SIDE:-0}" == 1 ]]; then  # run j on GPU j mod GPUS, all GPUs at once
+    gpus=${GPUS:-${#names[@]}}
     pids=()
-    for i in "${!names[@]}"; do
+    for ((g = 0; g < gpus; g++)); do
       (
-        export CUDA_VISIBLE_DEVICES=$i
-        for seed in "${seeds[@]}"; do run_one "${names[$i]}" "$seed"; done
+        export CUDA_VISIBLE_DEVICES=$g
+        j=0
+        for seed in "${seeds[@]}"; do
+          for name in "${names[@]}"; do
+            if ((j % gpus == g)); then run_one "$name" "$seed"; fi
+            j=$((j + 1))
+          done
+        done
       ) &
       pids+=($!)
     done

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import re
 import statistics
@@ -106,10 +107,17 @@ def convergence(out):
     ]
     seeds = sorted({int(d.rsplit("-s", 1)[1]) for d in dirs})
     runs = {}  # (name, seed) -> (config, {step: val_loss}, train records)
+    bpb = {}  # (name, seed) -> {step: val loss in bits per byte of text}
     for d in dirs:
         name, seed = d.rsplit("-s", 1)
         recs = _records(os.path.join(out, d))
         evals = {r["step"]: r["val_loss"] for r in recs if r["kind"] == "eval"}
+        # runs before val_bpb was logged were all on byte tokens (an end of document a byte too)
+        bpb[name, int(seed)] = {
+            r["step"]: r.get("val_bpb", r["val_loss"] / math.log(2))
+            for r in recs
+            if r["kind"] == "eval"
+        }
         if evals:
             with open(os.path.join(out, d, "config.json")) as f:
                 runs[name, int(seed)] = (
@@ -139,19 +147,21 @@ def convergence(out):
         if not got:
             continue
         vals = [evals[step] for _, (_, evals, _) in got]
+        bits = [bpb[name, seed][step] for seed, _ in got]
         upto = [[r for r in train if r["step"] <= step] for _, (_, _, train) in got]
         drops = [statistics.mean(r["dropped"] for r in t) for t in upto if t]
         short = [f"s{seed}" for seed, (c, evals, _) in got if max(evals) < c["hp"]["steps"]]
         rows[name] = {
             "seeds": [s for s, _ in got],
             "val_loss": vals,
+            "val_bpb": bits,
             "mean_dropped": drops,
             "cut_short": short,
         }
         table.append(
             f"| {name} | {' / '.join(f'{v:.4f}' for v in vals)} | {statistics.mean(vals):.4f} | "
             f"{max(vals) - min(vals):.4f} | {statistics.mean(drops):.4f} | "
-            f"{', '.join(short) or '-'} |"
+            f"{', '.join(short) or '-'} | {statistics.mean(bits):.4f} |"
         )
     with open(os.path.join(out, "convergence.json"), "w") as f:
         json.dump({"step": step, "planned_steps": planned, "paths": rows}, f, indent=1)
@@ -165,13 +175,17 @@ def convergence(out):
             f"(of {planned} planned) of {hp['batch_size']}x{hp['seq_len']} tokens per step, "
             f"{cfg['devices']} x {cfg['device_kind']}, jax {cfg['jax']}."
         ),
-        f"Validation loss (nats per byte) on the fixed validation split of {data}.",
+        (
+            f"Validation loss (nats per token; vocabulary {cfg['model']['vocab_size']}) on the fixed "
+            f"validation split of {data}, and in bits per byte of text (comparable across tokenizers)."
+        ),
         "",
         (
             f"| path | val loss, seeds {' / '.join(map(str, seeds))} | mean | seed spread "
-            f"| mean dropped fraction to step {step} | runs cut short before step {planned} |"
+            f"| mean dropped fraction to step {step} | runs cut short before step {planned} "
+            "| bits per byte (mean) |"
         ),
-        "| --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
         *table,
     ]
     # every evaluation all runs reached: each path's mean, and its gap to dropless's

@@ -13,6 +13,11 @@ split the same way, by the CRC-32 of ``<source>/<path>``, and the documents of s
 interleaved in a fixed order (by another CRC-32 of their keys), so that every part of the training and
 the validation streams mixes them.
 
+``--tokenizer bpe --vocab-size N`` writes subword tokens instead of bytes: a byte-level BPE (Hugging
+Face ``tokenizers``, the scheme of GPT-2 and Llama 3) learned from the training documents only, stored
+in the token file beside the tokens, with ``EOS`` as its token 0. ``sluice-train`` sizes the model's
+vocabulary from the file, so the same presets run on either.
+
 Machines without the packages (a GPU machine with no network) read a token file made where they
 exist: ``sluice-prepare-data --out corpus.npz`` then ``sluice-train --data corpus.npz``.
 """
@@ -29,7 +34,9 @@ from collections.abc import Iterator
 import numpy as np
 
 BOS, EOS, PAD = 256, 257, 258
-NUM_TOKENS = 259
+NUM_TOKENS = 259  # the byte tokenizer's vocabulary
+BPE_EOS = "<eos>"  # the BPE tokenizer's only special token, id 0
+MAX_VOCAB = 1 << 16  # tokens are stored as uint16
 VAL_MODULUS = 20
 SOURCE_GLOB = "/usr/share/doc/python3.*/html/_sources"
 APT_HINT = "apt-get install -y python3-doc  (Debian 12: python3.11-doc)"
@@ -112,9 +119,9 @@ SOURCES = {"python-docs": _python_docs, "gcide": _gcide, "perl-pod": _perl_pod, 
 DEFAULT_SOURCES = ("python-docs",)
 
 
-def build_corpus(source: str | None = None, sources=DEFAULT_SOURCES) -> dict[str, np.ndarray]:
-    """Train/val tokens of every document of `sources` (names in SOURCES), or of every .txt document
-    under the directory `source` when it is given."""
+def _documents(source: str | None, sources) -> dict[str, list[str]]:
+    """Train/val texts of every document of `sources` (names in SOURCES), or of every .txt document
+    under the directory `source` when it is given, in their fixed order."""
     unknown = [n for n in sources if n not in SOURCES]
     if unknown or not sources:
         raise ValueError(f"unknown corpus sources {unknown}: expected some of {sorted(SOURCES)}")
@@ -125,34 +132,141 @@ def build_corpus(source: str | None = None, sources=DEFAULT_SOURCES) -> dict[str
     docs = [d for it in docs for d in it]
     if len(sources) > 1 and source is None:  # a fixed shuffle: every part of each stream mixes them
         docs.sort(key=lambda d: (zlib.crc32(b"order/" + d[0].encode()), d[0]))
-    parts: dict[str, list[np.ndarray]] = {"train": [], "val": []}
-    eos = np.array([EOS], np.uint16)
+    split: dict[str, list[str]] = {"train": [], "val": []}
     for key, text in docs:
-        split = "val" if zlib.crc32(key.encode()) % VAL_MODULUS == 0 else "train"
-        parts[split] += [encode(text), eos]
-    return {k: np.concatenate(v or [np.zeros(0, np.uint16)]) for k, v in parts.items()}
+        split["val" if zlib.crc32(key.encode()) % VAL_MODULUS == 0 else "train"].append(text)
+    return split
 
 
-def prepare_data(out: str, source: str | None = None, sources=DEFAULT_SOURCES) -> str:
-    corpus = build_corpus(source, sources)
-    np.savez_compressed(out, train=corpus["train"], val=corpus["val"])
+def _stream(encoded: list[np.ndarray], eos: int) -> np.ndarray:
+    """The documents' tokens, each followed by eos, as one uint16 stream."""
+    sep = np.array([eos], np.uint16)
+    parts = [p for e in encoded for p in (np.asarray(e, np.uint16), sep)]
+    return np.concatenate(parts or [np.zeros(0, np.uint16)])
+
+
+def build_corpus(source: str | None = None, sources=DEFAULT_SOURCES) -> dict[str, np.ndarray]:
+    """Train/val byte tokens of every document of `sources` (names in SOURCES), or of every .txt
+    document under the directory `source` when it is given."""
+    return {k: _stream([encode(t) for t in v], EOS) for k, v in _documents(source, sources).items()}
+
+
+def train_bpe(texts: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer (a `tokenizers.Tokenizer`) of vocab_size tokens learned from texts:
+    the 256 bytes, BPE_EOS (id 0) and the merges."""
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    except ImportError as e:
+        raise SystemExit(
+            "sluice-prepare-data --tokenizer bpe needs Hugging Face tokenizers: pip install tokenizers"
+        ) from e
+    if not 258 <= vocab_size <= MAX_VOCAB:
+        raise ValueError(
+            f"--vocab-size {vocab_size}: expected 258 to {MAX_VOCAB} (the 256 bytes and {BPE_EOS} "
+            "at least; tokens are stored as uint16)"
+        )
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BPE_EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    assert tok.token_to_id(BPE_EOS) == 0
+    return tok
+
+
+def prepare_data(
+    out: str,
+    source: str | None = None,
+    sources=DEFAULT_SOURCES,
+    tokenizer: str = "bytes",
+    vocab_size: int = 8192,
+) -> str:
+    """Writes the corpus's train/val token streams to out (.npz) and returns its path. tokenizer
+    "bytes": one token a byte (the default corpus's file is unchanged by the options added since);
+    "bpe": a byte-level BPE of vocab_size tokens learned from the training documents, stored in the
+    file (`tokenizer`, its JSON) with `vocab_size`."""
+    if tokenizer == "bytes":
+        arrays = build_corpus(source, sources)
+    elif tokenizer == "bpe":
+        docs = _documents(source, sources)
+        tok = train_bpe(docs["train"], vocab_size)
+        arrays = {
+            k: _stream([e.ids for e in tok.encode_batch(v)], tok.token_to_id(BPE_EOS))
+            for k, v in docs.items()
+        }
+        arrays["tokenizer"] = np.array(tok.to_str())
+        arrays["vocab_size"] = np.array(tok.get_vocab_size(), np.int64)
+        # bytes of text a token stands for (a byte-level token's string has a character per byte;
+        # an end of document counts as one, as in the byte streams): training reads these, so it
+        # needs no tokenizers package
+        lengths = [len(tok.id_to_token(i)) for i in range(tok.get_vocab_size())]
+        lengths[tok.token_to_id(BPE_EOS)] = 1
+        arrays["token_bytes"] = np.array(lengths, np.int32)
+    else:
+        raise ValueError(f"tokenizer {tokenizer!r}: expected 'bytes' or 'bpe'")
+    np.savez_compressed(out, **arrays)
     return out if out.endswith(".npz") else out + ".npz"
 
 
 class TokenData:
     """Train and validation token streams with deterministic batches: batch(step) depends only on
-    (seed, step), so a resumed run sees the same data as an uninterrupted one."""
+    (seed, step), so a resumed run sees the same data as an uninterrupted one. vocab_size: the
+    tokenizer's (NUM_TOKENS for bytes); tokenizer: the BPE tokenizer's JSON and token_bytes the bytes
+    of text each of its tokens stands for, or None for bytes."""
 
-    def __init__(self, train: np.ndarray, val: np.ndarray):
+    def __init__(
+        self,
+        train,
+        val,
+        vocab_size: int = NUM_TOKENS,
+        tokenizer: str | None = None,
+        token_bytes=None,
+    ):
         self.train = np.asarray(train, np.int32)
         self.val = np.asarray(val, np.int32)
+        self.vocab_size = int(vocab_size)
+        self.tokenizer = tokenizer
+        self.token_bytes = None if token_bytes is None else np.asarray(token_bytes, np.int64)
+        if self.token_bytes is not None and self.token_bytes.shape != (self.vocab_size,):
+            raise ValueError(f"token file: token_bytes is not [{self.vocab_size}]")
+        top = max((int(x.max()) for x in (self.train, self.val) if x.size), default=-1)
+        if top >= self.vocab_size:
+            raise ValueError(f"token file: token {top} outside its vocabulary of {self.vocab_size}")
 
     @classmethod
     def load(cls, path: str | None = None) -> TokenData:
         if path is None:
             return cls(**build_corpus())
         with np.load(path) as f:
+            if "tokenizer" in f:
+                return cls(
+                    f["train"],
+                    f["val"],
+                    int(f["vocab_size"]),
+                    str(f["tokenizer"]),
+                    f["token_bytes"],
+                )
             return cls(f["train"], f["val"])
+
+    def decode(self, tokens) -> str:
+        if self.tokenizer is None:
+            return decode(tokens)
+        from tokenizers import Tokenizer  # only here: training needs no tokenizers package
+
+        return Tokenizer.from_str(self.tokenizer).decode([int(t) for t in tokens])
+
+    def bytes_per_token(self, tokens) -> float:
+        """UTF-8 bytes of text per token over `tokens` (an end of document counts as one byte, as
+        in the byte tokenizer's streams): converts a loss per token into one per byte."""
+        if self.token_bytes is None:
+            return 1.0
+        t = np.asarray(tokens).ravel()
+        return float(self.token_bytes[t].sum() / max(t.size, 1))
 
     def batch(self, step: int, batch_size: int, seq_len: int, seed: int = 0) -> np.ndarray:
         """[batch_size, seq_len + 1] int32 windows at random places of the training stream."""
@@ -183,11 +297,23 @@ def main(argv=None):
         default=",".join(DEFAULT_SOURCES),
         help=f"comma-separated, of {', '.join(SOURCES)} or 'all' (default: %(default)s)",
     )
+    p.add_argument(
+        "--tokenizer",
+        choices=("bytes", "bpe"),
+        default="bytes",
+        help="bytes (default), or a byte-level BPE learned from the training documents",
+    )
+    p.add_argument(
+        "--vocab-size", type=int, default=8192, help="the BPE's vocabulary (default: %(default)s)"
+    )
     a = p.parse_args(argv)
     names = tuple(SOURCES) if a.sources == "all" else tuple(a.sources.split(","))
-    out = prepare_data(a.out, a.source, names)
-    with np.load(out) as f:
-        print(f"wrote {out}: {len(f['train'])} train and {len(f['val'])} validation tokens")
+    out = prepare_data(a.out, a.source, names, a.tokenizer, a.vocab_size)
+    data = TokenData.load(out)
+    print(
+        f"wrote {out}: {len(data.train)} train and {len(data.val)} validation tokens, "
+        f"vocabulary {data.vocab_size} ({a.tokenizer})"
+    )
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def plot(
                 )
     axes[0].set_xlabel("step")
     axes[1].set_xlabel("training wall time (s)")
-    axes[0].set_ylabel("loss (nats/byte): training (thin), validation (markers)")
+    axes[0].set_ylabel("loss (nats/token): training (thin), validation (markers)")
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)

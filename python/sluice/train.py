@@ -6,9 +6,11 @@ Data and expert parallelism over every visible device (``--ep N`` experts split 
 batch over all of them). Every ``--log-every`` steps one JSON line in ``OUT/metrics.jsonl``: loss,
 tokens/s per device (TGS), MFU (model FLOPs: 6 x active parameters x tokens + causal attention, over
 the device's dense bf16 peak; 'n/a' where the peak is unknown, e.g. CPUs), dropped-token fraction,
-per-expert load and its spread, peak device memory; validation loss every ``--eval-every`` steps; an
-orbax checkpoint every ``--ckpt-every`` steps (``--resume`` continues from the latest). Batches
-depend only on (seed, step), so a resumed run trains on the same data as an uninterrupted one.
+per-expert load and its spread, peak device memory; validation loss every ``--eval-every`` steps
+(per token, and in bits per byte of text: comparable across tokenizers); an orbax checkpoint every
+``--ckpt-every`` steps (``--resume`` continues from the latest). Batches depend only on (seed, step),
+so a resumed run trains on the same data as an uninterrupted one. A token file of BPE tokens
+(``sluice-prepare-data --tokenizer bpe``) sets the model's vocabulary (rounded up to 64).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -479,6 +482,8 @@ def run(argv=None) -> dict:
             + (f" times --grad-accum {accum}" if accum > 1 else "")
         )
     data = TokenData.load(a.data)
+    if data.vocab_size > cfg.vocab_size:  # a BPE token file: the model's vocabulary from it
+        cfg = dataclasses.replace(cfg, vocab_size=-(-data.vocab_size // 64) * 64)
     bsz, seq = hp["batch_size"], hp["seq_len"]
     val = []
     if a.eval_every:
@@ -490,6 +495,8 @@ def run(argv=None) -> dict:
                 file=sys.stderr,
             )
         val = data.val_batches(min(a.eval_batches, max(fit, 1)), bsz, seq)
+        # the validation loss per byte of text too: comparable across tokenizers
+        bits_per_token_byte = math.log(2) * data.bytes_per_token([b[:, 1:] for b in val])
 
     opt, schedule = make_optimizer(hp)
     graphdef, state, state_sh, moe_path = init_state(cfg, opt, mesh, a.seed)
@@ -589,7 +596,8 @@ def run(argv=None) -> dict:
             for b in val
         ]
         v = float(np.mean(jax.device_get(losses)))
-        emit({"kind": "eval", "step": step, "val_loss": v, "train_time": train_time})
+        rec = {"kind": "eval", "step": step, "val_loss": v, "val_bpb": v / bits_per_token_byte}
+        emit(rec | {"train_time": train_time})
         return v
 
     # the parameters' compute-dtype copies: made from the state here, by each step after

@@ -165,6 +165,53 @@ def test_corpus_split_and_batches_are_fixed(tmp_path):
     assert "the" in data.decode(a.train[:100_000])
 
 
+def test_bpe_token_file_round_trips_and_sizes_the_model(tmp_path):
+    """sluice-prepare-data --tokenizer bpe on a directory of documents: the tokens decode to the
+    documents' text, learned from the training documents only, token_bytes counts the text's bytes
+    exactly, and sluice-train sizes the model's vocabulary from the file and logs bits per byte."""
+    pytest.importorskip("tokenizers")
+    from sluice import train
+
+    rng = np.random.default_rng()
+    words = ["expert", "token", "router", "capacity", "grouped", "matmul", "gradient", "naïve"]
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    texts = {}
+    for i in range(60):
+        text = " ".join(rng.choice(words, 400)) + f"\ndocument {i} ends.\n"
+        texts[f"d{i:02d}.txt"] = text
+        (docs / f"d{i:02d}.txt").write_text(text, encoding="utf-8")
+    path = data.prepare_data(str(tmp_path / "bpe.npz"), str(docs), tokenizer="bpe", vocab_size=300)
+    d = data.TokenData.load(path)
+    assert d.vocab_size == 300 and d.train.max() < 300 and d.tokenizer is not None
+    eos = 0
+    assert int((d.train == eos).sum() + (d.val == eos).sum()) == len(texts)
+    got = [d.decode(doc) for doc in np.split(d.val, np.flatnonzero(d.val == eos) + 1)[:-1]]
+    val_names = [n for n in sorted(texts) if data.zlib.crc32(n.encode()) % data.VAL_MODULUS == 0]
+    assert got == [texts[n] for n in val_names]
+    # bytes of text per token: the UTF-8 bytes of the documents plus one per end of document
+    n_bytes = sum(len(texts[n].encode()) + 1 for n in val_names)
+    assert d.bytes_per_token(d.val) * len(d.val) == pytest.approx(n_bytes)
+    assert len(d.val) < n_bytes / 2  # merges learned: fewer tokens than bytes
+    with pytest.raises(ValueError, match="--vocab-size 100: expected 258"):
+        data.prepare_data(str(tmp_path / "x.npz"), str(docs), tokenizer="bpe", vocab_size=100)
+    with pytest.raises(ValueError, match="token 299 outside its vocabulary of 299"):
+        data.TokenData(d.train, d.val, vocab_size=299)
+
+    out = str(tmp_path / "run")
+    train.main(
+        ["--preset", "tiny", "--steps", "2", "--warmup", "1", "--seq-len", "16"]
+        + ["--batch-size", "4", "--n-layers", "2", "--devices", "1", "--data", path]
+        + ["--no-progress", "--no-ckpt", "--eval-every", "2", "--eval-batches", "1"]
+        + ["--out", out]
+    )
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["model"]["vocab_size"] == 320  # 300 rounded up to a multiple of 64
+    (ev,) = _records(out, "eval")
+    bpt = d.bytes_per_token(d.val_batches(1, 4, 16)[0][:, 1:])
+    assert ev["val_bpb"] == pytest.approx(ev["val_loss"] / np.log(2) / bpt)
+
+
 def _records(out, kind):
     with open(os.path.join(out, "metrics.jsonl")) as f:
         return [r for r in map(json.loads, f) if r["kind"] == kind]

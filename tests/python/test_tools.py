@@ -55,12 +55,14 @@ def test_summarize_train_convergence_tables_every_path_and_evaluation(tmp_path):
     metrics.jsonl or its gzip; other directories ignored."""
     import gzip
     import json
+    import math
 
     def write_run(name, seed, evals, dropped, steps=4):
         d = tmp_path / f"{name}-s{seed}"
         d.mkdir()
         cfg = {
             "args": {"preset": "tiny", "data": "/x/corpus-all.npz"},
+            "model": {"vocab_size": 320},
             "hp": {"steps": steps, "batch_size": 4, "seq_len": 64},
             "devices": 1,
             "device_kind": "cpu",
@@ -69,6 +71,11 @@ def test_summarize_train_convergence_tables_every_path_and_evaluation(tmp_path):
         (d / "config.json").write_text(json.dumps(cfg))
         recs = [{"kind": "train", "step": s, "dropped": dropped} for s in (2, 4)]
         recs += [{"kind": "eval", "step": s, "val_loss": v} for s, v in evals.items()]
+        if name == "cf1.25":  # runs since val_bpb was logged (here: as if 2 bytes a token)
+            recs = [
+                r | {"val_bpb": r["val_loss"] / 2 / math.log(2)} if "val_loss" in r else r
+                for r in recs
+            ]
         text = "\n".join(map(json.dumps, recs)) + "\n"
         if name == "cf1.0":  # as bench/results keeps the long ones
             with gzip.open(d / "metrics.jsonl.gz", "wt") as f:
@@ -90,8 +97,46 @@ def test_summarize_train_convergence_tables_every_path_and_evaluation(tmp_path):
     assert "validation loss at step 2 (of 4 planned)" in out and "corpus-all.npz" in out
     rows = [r for r in out.splitlines() if r.startswith("| ") and not r.startswith("| ---")]
     assert [r.split(" | ")[0] for r in rows[:4]] == ["| path", "| dropless", "| cf1.0", "| cf1.25"]
-    assert rows[2].endswith("| 0.3000 | s0, s1 |") and rows[3].endswith("| 0.2000 | - |")
+    # bits per byte: val_bpb where logged, else val_loss / ln 2 (byte tokens)
+    bpb = [f"{v / math.log(2):.4f}" for v in (3.1, 3.4, 3.2 / 2)]
+    assert rows[1].endswith(f"| 0.0000 | - | {bpb[0]} |")
+    assert rows[2].endswith(f"| 0.3000 | s0, s1 | {bpb[1]} |")
+    assert rows[3].endswith(f"| 0.2000 | - | {bpb[2]} |")
     assert rows[4] == "| step | dropless | cf1.0 | cf1.25 |"
     assert rows[5] == "| 2 | 3.1000 | 3.4000 (+0.3000) | 3.2000 (+0.1000) |"
     got = json.loads((tmp_path / "convergence.json").read_text())
     assert got["step"] == 2 and got["paths"]["cf1.25"]["val_loss"] == pytest.approx([3.1, 3.3])
+
+
+def test_bench_train_side_by_side_spreads_the_runs_over_the_gpus(tmp_path):
+    """bench/bench_train.sh convergence SIDE_BY_SIDE=1: run j (seed by seed, each seed's paths in
+    turn) on GPU j mod GPUS; by default GPUS is the number of paths (path i on GPU i). A stand-in
+    python records each sluice-train run's CUDA_VISIBLE_DEVICES."""
+    py = tmp_path / "py"
+    py.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$2" = sluice.train ]; then\n'
+        '  while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done\n'
+        '  mkdir -p "$out" && echo "$CUDA_VISIBLE_DEVICES" > "$out/gpu"\n'
+        "fi\n"
+    )
+    py.chmod(0o755)
+
+    def gpus(extra):
+        out = tmp_path / f"out{len(extra)}"
+        env = dict(os.environ, PY=str(py), SIDE_BY_SIDE="1", SEEDS="0 1", **extra)
+        env["NAMES"] = "dropless cf1.0 cf1.25"
+        subprocess.run(
+            ["bash", str(ROOT / "bench" / "bench_train.sh"), "convergence", str(out)],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+        return {d.name: int((d / "gpu").read_text()) for d in out.iterdir() if (d / "gpu").exists()}
+
+    assert gpus({}) == {
+        "dropless-s0": 0, "cf1.0-s0": 1, "cf1.25-s0": 2, "dropless-s1": 0, "cf1.0-s1": 1, "cf1.25-s1": 2
+    }  # fmt: skip
+    assert gpus({"GPUS": "4"}) == {
+        "dropless-s0": 0, "cf1.0-s0": 1, "cf1.25-s0": 2, "dropless-s1": 3, "cf1.0-s1": 0, "cf1.25-s1": 1
+    }  # fmt: skip
