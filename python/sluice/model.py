@@ -27,8 +27,11 @@ from flax import nnx
 from sluice.moe import MoE, MoEConfig, SwiGLU
 
 VOCAB_SIZE = 320  # 256 bytes + specials (sluice.data), rounded up to a multiple of 64
-ONE_HOT_MAX_VOCAB = 1024  # embedding lookups as one-hot matmuls up to this vocabulary (a GEMM of
-# 2 * tokens * vocab * d_model flops instead of a gather; this model's vocabulary is 320)
+# The embedding's gradient as a one-hot GEMM (2 * tokens * vocab * d_model flops) instead of the
+# gather's scatter-add up to this vocabulary (embed_lookup). The scatter-add runs as contended atomics:
+# 31 ms of a 221 ms dsv3-proxy step on one H200 at 320 tokens (bench/results/profile-h200-20261125.md),
+# 9.6 ms of a 102 ms one on one H100 at 8192 (BPE; the GEMM ~1 ms, bench/results/head-bpe-h100-20261126/).
+ONE_HOT_MAX_VOCAB = 8192
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +95,50 @@ class RMSNorm(nnx.Module):
         xf = x.astype(jnp.float32)
         y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
         return (y * self.scale[...]).astype(x.dtype)
+
+
+@jax.custom_vjp
+def embed_lookup(emb, tokens):
+    """emb[tokens], whose gradient is a GEMM, one_hot(tokens)^T @ g, where the gather's own is a
+    scatter-add of every token's row."""
+    return emb[tokens]
+
+
+def _embed_fwd(emb, tokens):
+    return emb[tokens], (emb, tokens)
+
+
+def _embed_bwd(res, g):
+    emb, tokens = res
+    one_hot = jax.nn.one_hot(tokens, emb.shape[0], dtype=g.dtype)
+    d_emb = jnp.einsum("...v,...d->vd", one_hot, g, preferred_element_type=jnp.float32)
+    return d_emb.astype(emb.dtype), None
+
+
+embed_lookup.defvjp(_embed_fwd, _embed_bwd)
+
+
+@jax.custom_vjp
+def head_logits(x, w):
+    """f32 logits x @ w of compute-dtype x [..., d] and w [d, vocab]. The backward takes the f32
+    logits' gradient in x's dtype, so its two GEMMs run as x's (bf16) rather than in f32 (XLA's own
+    transpose: TF32, ~2.4x the time at the BPE vocabulary); both accumulate in f32."""
+    return jnp.einsum("...d,dv->...v", x, w, preferred_element_type=jnp.float32)
+
+
+def _head_fwd(x, w):
+    return head_logits(x, w), (x, w)
+
+
+def _head_bwd(res, g):
+    x, w = res
+    g = g.astype(x.dtype)
+    dx = jnp.einsum("...v,dv->...d", g, w, preferred_element_type=jnp.float32)
+    dw = jnp.einsum("...d,...v->dv", x, g, preferred_element_type=jnp.float32)
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+head_logits.defvjp(_head_fwd, _head_bwd)
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float):
@@ -211,15 +258,7 @@ class Transformer(nnx.Module):
         cfg = self.cfg
         cos, sin = rope_tables(tokens.shape[1], cfg.head_dim, cfg.rope_theta)
         emb = self.embed[...].astype(cfg.dtype)
-        if cfg.vocab_size <= ONE_HOT_MAX_VOCAB:
-            # The same rows as emb[tokens], exactly. The gather's gradient is a scatter-add of every
-            # token into a few hundred rows, which XLA runs as contended atomics (31 ms of a 221 ms
-            # dsv3-proxy step on one H200, bench/results/profile-h200-20261125.md); this one's is
-            # a GEMM.
-            one_hot = jax.nn.one_hot(tokens, cfg.vocab_size, dtype=emb.dtype)
-            x = jnp.einsum("bsv,vd->bsd", one_hot, emb)
-        else:
-            x = emb[tokens]
+        x = embed_lookup(emb, tokens) if cfg.vocab_size <= ONE_HOT_MAX_VOCAB else emb[tokens]
         stats = []
         for layer in self.layers:
             if not cfg.remat:
@@ -231,9 +270,7 @@ class Transformer(nnx.Module):
             if st is not None:
                 stats.append(st)
         x = self.norm(x)
-        logits = jnp.einsum(
-            "bsd,dv->bsv", x, self.head[...].astype(cfg.dtype), preferred_element_type=jnp.float32
-        )
+        logits = head_logits(x, self.head[...].astype(cfg.dtype))
         aux = {
             "aux_loss": sum((st["aux_loss"] for st in stats), jnp.zeros((), jnp.float32)),
             "load": jnp.stack([st["load"] for st in stats]),

@@ -53,9 +53,8 @@ def test_expert_paths_give_the_same_model():
 
 
 def test_one_hot_embedding_is_the_lookup(monkeypatch):
-    """The embedding as a one-hot matmul (vocabularies up to ONE_HOT_MAX_VOCAB) gives the lookup's
-    activations bit for bit in bf16 and the same embedding gradient (the lookup's is a
-    scatter-add)."""
+    """The embedding's gradient as a one-hot GEMM (vocabularies up to ONE_HOT_MAX_VOCAB) is the
+    lookup's own (a scatter-add), and the activations are the lookup's bit for bit in bf16."""
     from sluice import model as model_mod
 
     cfg = dataclasses.replace(TINY, dtype=jnp.bfloat16)
@@ -80,6 +79,33 @@ def test_one_hot_embedding_is_the_lookup(monkeypatch):
     )
     np.testing.assert_allclose(g, ref_g, rtol=2e-2, atol=1e-6)
     assert np.abs(np.asarray(g)).sum() > 0
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_head_logits_and_its_gradient(dtype):
+    """head_logits: f32 logits of x @ w; its backward takes the logits' gradient in x's dtype (f32:
+    autodiff's own, to f32 rounding; bf16: within bf16 rounding of the f32 product's gradients)."""
+    from sluice.model import head_logits
+
+    kx, kw, kg = jax.random.split(jax.random.key(np.random.randint(1 << 30)), 3)
+    x = jax.random.normal(kx, (2, 24, 64), jnp.float32).astype(dtype)
+    w = (jax.random.normal(kw, (64, 320), jnp.float32) / 8).astype(dtype)
+    g = jax.random.normal(kg, (2, 24, 320), jnp.float32)
+
+    def ref(x, w):
+        return jnp.einsum("bsd,dv->bsv", x, w, preferred_element_type=jnp.float32)
+
+    out, vjp = jax.vjp(head_logits, x, w)
+    ref_out, ref_vjp = jax.vjp(ref, x, w)
+    assert out.dtype == jnp.float32
+    np.testing.assert_array_equal(out, ref_out)
+    for got, want in zip(vjp(g), ref_vjp(g)):
+        assert got.dtype == dtype
+        got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+        if dtype == jnp.float32:
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        else:
+            assert np.linalg.norm(got - want) < 1e-2 * np.linalg.norm(want)
 
 
 def test_attention_implementation_choice():
