@@ -22,7 +22,8 @@
 #             same model as dropless computed another way: the spread between the two is the noise)
 #   PROFILE   tgs: N > 0 also traces N steps of each path after its compiling step (sluice-train
 #             --profile; left out of its TGS) and copies where their device time went to
-#             OUT/profile-<path>.txt (the traces stay in OUT/<path>/profile)
+#             OUT/profile-<path>.txt (the traces stay in OUT/<path>/profile); PROFILE_FROM=S traces
+#             from step S instead (a balanced router)
 #   FROM_STEP tgs: the figures from the logged windows past this step only (a router balanced by then;
 #             the first steps from initialisation are the least balanced)
 #   EP        expert-parallel degree (default 1); DEVICES: use the first N devices
@@ -64,7 +65,7 @@ finished() {  # NAME STEPS: the run's last evaluation was at step STEPS
 case $mode in
 tgs)
   flags=(--preset "${PRESET:-small}" --steps "${STEPS:-30}" --log-every 5 --eval-every 0 --no-ckpt)
-  [[ "${PROFILE:-0}" -gt 0 ]] && flags+=(--profile "$PROFILE")
+  [[ "${PROFILE:-0}" -gt 0 ]] && flags+=(--profile "$PROFILE" --profile-from "${PROFILE_FROM:-0}")
   for name in ${IMPLS:-dense-cf1.25 dense-cf2.0 ragged_dot sluice}; do
     case $name in
       dense-cf*) run "$name" "${flags[@]}" --moe-impl dense --capacity-factor "${name#dense-cf}" ;;

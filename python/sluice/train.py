@@ -187,9 +187,17 @@ def parse_args(argv=None):
         type=int,
         default=0,
         metavar="N",
-        help="trace the N steps after the compiling one with jax.profiler into RUN_DIR/profile and "
-        "write where their device time went to RUN_DIR/profile/summary.txt (sluice-profile); "
-        "those steps are left out of the logged TGS and MFU",
+        help="trace the N steps after the compiling one (or from --profile-from) with "
+        "jax.profiler into RUN_DIR/profile and write where their device time went to "
+        "RUN_DIR/profile/summary.txt (sluice-profile); those steps are left out of the logged TGS "
+        "and MFU",
+    )
+    p.add_argument(
+        "--profile-from",
+        type=int,
+        default=0,
+        metavar="STEP",
+        help="with --profile: trace from this step on (e.g. once the router is balanced)",
     )
     return p.parse_args(argv)
 
@@ -635,12 +643,19 @@ def run(argv=None) -> dict:
         if bar:
             bar.update(1)
     window_start, window_steps = time.perf_counter(), 0
-    profile_end = min(step + a.profile, hp["steps"]) if a.profile > 0 else None
-    if profile_end is not None:
-        prof_dir = os.path.join(out, "profile")
-        profile_steps = profile_end - step
-        jax.profiler.start_trace(prof_dir)
+    profile_start = max(step, a.profile_from) if a.profile > 0 else None
+    profile_end = min(profile_start + a.profile, hp["steps"]) if a.profile > 0 else None
+    if profile_end is not None and profile_start >= profile_end:
+        raise SystemExit(
+            f"--profile {a.profile} from step {profile_start}: the run ends at step {hp['steps']}"
+        )
+    prof_dir = os.path.join(out, "profile")
+    profiling = False
     while step < hp["steps"]:
+        if step == profile_start:
+            jax.block_until_ready(state)  # the steps before run outside the trace
+            profile_steps, profiling = profile_end - step, True
+            jax.profiler.start_trace(prof_dir)
         m = step_once(step)
         if strict:
             worst = jnp.maximum(worst, m["dropped"])
@@ -660,16 +675,17 @@ def run(argv=None) -> dict:
             )
             with open(os.path.join(prof_dir, "hlo.txt"), "w") as f:
                 f.write(lowered.compile().as_text())
-            window_start, window_steps, profile_end = time.perf_counter(), 0, None
             summary_txt = profile_summary(prof_dir, steps=profile_steps)
             with open(os.path.join(prof_dir, "summary.txt"), "w") as f:
                 f.write(summary_txt)
             print(summary_txt, file=sys.stderr)
+            # the next window starts here: reading the trace is in neither TGS nor train_time
+            window_start, window_steps, profiling = time.perf_counter(), 0, False
         do_eval = a.eval_every and (step % a.eval_every == 0 or step == hp["steps"])
         do_ckpt = ckpt and (step == hp["steps"] or (ckpt_every and step % ckpt_every == 0))
         # no record while profiling, nor for the empty window the profiled steps leave
         logs = step % a.log_every == 0 or step == hp["steps"] or do_eval or do_ckpt
-        if logs and window_steps and profile_end is None:
+        if logs and window_steps and not profiling:
             m, worst_seen = jax.device_get((m, worst))  # the only host sync of the loop
             if strict and worst_seen > 0:
                 raise SystemExit(

@@ -646,6 +646,15 @@ def test_profile_traces_steps_and_leaves_them_out_of_the_log(tmp_path):
     assert profile.category("sluice_cuda::sm90::gmm_kernel<bf16>") == "sluice"
     assert profile.category("nvjet_sm90_tst_192x192") == "gemm"
     assert profile.category("loop_multiply_fusion") == "other fusion"
+    # --profile-from 3: steps 3 and 4 traced, the steps before and after logged
+    out = str(tmp_path / "later")
+    flags = flags.replace("--steps 5", "--steps 6") + " --profile-from 3"
+    train.main(flags.split() + ["--data", corpus, "--out", out])
+    assert [r["step"] for r in _records(out, "train")] == [2, 3, 6]
+    with open(os.path.join(out, "profile", "summary.txt")) as f:
+        assert "(2 steps)" in f.read()
+    with pytest.raises(SystemExit, match="--profile 2 from step 7: the run ends at step 6"):
+        train.main(flags.replace("-from 3", "-from 7").split() + ["--data", corpus, "--out", out])
 
 
 def test_router_and_shared_expert_flags_override_the_preset():
