@@ -111,12 +111,11 @@ def convergence(out):
     for d in dirs:
         name, seed = d.rsplit("-s", 1)
         recs = _records(os.path.join(out, d))
-        evals = {r["step"]: r["val_loss"] for r in recs if r["kind"] == "eval"}
+        ev = [r for r in recs if r["kind"] == "eval"]
+        evals = {r["step"]: r["val_loss"] for r in ev}
         # runs before val_bpb was logged were all on byte tokens (an end of document a byte too)
         bpb[name, int(seed)] = {
-            r["step"]: r.get("val_bpb", r["val_loss"] / math.log(2))
-            for r in recs
-            if r["kind"] == "eval"
+            r["step"]: r.get("val_bpb", r["val_loss"] / math.log(2)) for r in ev
         }
         if evals:
             with open(os.path.join(out, d, "config.json")) as f:

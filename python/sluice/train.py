@@ -503,8 +503,8 @@ def run(argv=None) -> dict:
                 file=sys.stderr,
             )
         val = data.val_batches(min(a.eval_batches, max(fit, 1)), bsz, seq)
-        # the validation loss per byte of text too: comparable across tokenizers
-        bits_per_token_byte = math.log(2) * data.bytes_per_token([b[:, 1:] for b in val])
+        # val_bpb = val_loss / this: bits per byte of text, comparable across tokenizers
+        ln2_bytes_per_token = math.log(2) * data.bytes_per_token([b[:, 1:] for b in val])
 
     opt, schedule = make_optimizer(hp)
     graphdef, state, state_sh, moe_path = init_state(cfg, opt, mesh, a.seed)
@@ -604,8 +604,10 @@ def run(argv=None) -> dict:
             for b in val
         ]
         v = float(np.mean(jax.device_get(losses)))
-        rec = {"kind": "eval", "step": step, "val_loss": v, "val_bpb": v / bits_per_token_byte}
-        emit(rec | {"train_time": train_time})
+        bpb = v / ln2_bytes_per_token
+        emit(
+            {"kind": "eval", "step": step, "val_loss": v, "val_bpb": bpb, "train_time": train_time}
+        )
         return v
 
     # the parameters' compute-dtype copies: made from the state here, by each step after
@@ -643,12 +645,14 @@ def run(argv=None) -> dict:
         if bar:
             bar.update(1)
     window_start, window_steps = time.perf_counter(), 0
-    profile_start = max(step, a.profile_from) if a.profile > 0 else None
-    profile_end = min(profile_start + a.profile, hp["steps"]) if a.profile > 0 else None
-    if profile_end is not None and profile_start >= profile_end:
-        raise SystemExit(
-            f"--profile {a.profile} from step {profile_start}: the run ends at step {hp['steps']}"
-        )
+    profile_start = profile_end = None
+    if a.profile > 0:
+        profile_start = max(step, a.profile_from)
+        profile_end = min(profile_start + a.profile, hp["steps"])
+        if profile_start >= profile_end:
+            raise SystemExit(
+                f"--profile {a.profile} from step {profile_start}: the run ends at step {hp['steps']}"
+            )
     prof_dir = os.path.join(out, "profile")
     profiling = False
     while step < hp["steps"]:
