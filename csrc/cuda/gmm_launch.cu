@@ -70,6 +70,20 @@ int forced_sm90_variant(bool tgmm) {
   return v[tgmm];
 }
 
+/* SLUICE_GMM_SMS=<n> caps the persistent kernels' grid at n SMs (1..the device's), leaving the
+ * rest to work XLA runs beside them on another stream (sluice.ep's exchange with setup(stream=)).
+ * Read once; unset: every SM. */
+int grid_sms(const DeviceInfo &dev) {
+  static int cap = -1; /* not read yet; a racing first read stores the same value */
+  if (cap == -1) {
+    const char *e = getenv("SLUICE_GMM_SMS");
+    char *endp = nullptr;
+    const long x = e ? strtol(e, &endp, 10) : 0;
+    cap = (e && endp != e && *endp == 0 && x >= 1 && x <= 4096) ? (int)x : 0;
+  }
+  return cap > 0 && cap < dev.sms ? cap : dev.sms;
+}
+
 constexpr size_t kCounterBytes = 16; /* the workspace's tail: GmmArgs::counter */
 
 size_t table_bytes(const sl_gmm_desc *d) {
@@ -167,17 +181,18 @@ sl_status run(const char *op, bool tgmm, const sl_gmm_desc *d, const void *lhs, 
     a.in_dtype = d->lhs_dtype, a.out_dtype = d->out_dtype;
     a.transpose_rhs = tgmm ? 0 : (d->transpose_rhs != 0);
     a.skip_unused = tgmm ? 0 : (d->skip_unused_rows != 0);
+    const int sms = grid_sms(dev);
     if (a.in_dtype == SL_DTYPE_F32) {
-      st = sluice_cuda::naive_gmm_launch(a, tgmm, dev.sms, stream);
+      st = sluice_cuda::naive_gmm_launch(a, tgmm, sms, stream);
     } else {
       st = SL_STATUS_UNSUPPORTED;
       if (dev.major == 9 && sluice_cuda::sm90_gmm_supports(a, tgmm)) {
         const int forced = forced_sm90_variant(tgmm);
-        st = sluice_cuda::sm90_gmm_launch(a, tgmm, dev.sms, stream, forced);
+        st = sluice_cuda::sm90_gmm_launch(a, tgmm, sms, stream, forced);
         if (st == SL_STATUS_UNSUPPORTED && forced >= 0)
-          st = sluice_cuda::sm90_gmm_launch(a, tgmm, dev.sms, stream);
+          st = sluice_cuda::sm90_gmm_launch(a, tgmm, sms, stream);
       }
-      if (st == SL_STATUS_UNSUPPORTED) st = sluice_cuda::sm80_gmm_launch(a, tgmm, dev.sms, stream);
+      if (st == SL_STATUS_UNSUPPORTED) st = sluice_cuda::sm80_gmm_launch(a, tgmm, sms, stream);
     }
     if (st != SL_STATUS_SUCCESS) return st;
   }

@@ -16,9 +16,11 @@ Run inside `jax.shard_map` over an expert-parallel mesh axis of size R; E expert
     x, topk_weights and the expert weights (gradients flow back through the same ops).
 
 API
-  setup(mesh, axis_name, *, timeout_s=60.0, num_sms=64, transport="auto", buffer_bytes=256 MiB)
+  setup(mesh, axis_name, *, timeout_s=60.0, num_sms=64, transport="auto", buffer_bytes=256 MiB,
+        stream=None)
       Creates the communicator for `axis_name` of `mesh` (the other mesh axes give independent groups).
-      Call it once per process before tracing; calling again for the same mesh and axis replaces it.
+      Call it once per process before tracing; calling again for the same mesh and axis replaces it
+      (wait for the computations that use the old one first: theirs fail once it is gone).
       With several processes every process calls it, for the same mesh, in the same order (it exchanges
       handles through jax.distributed's key-value store: call jax.distributed.initialize first).
       Transports (`transport`):
@@ -34,6 +36,16 @@ API
       The GPU exchange kernels use `num_sms` blocks (at most 8 ranks per group). Under XLA nothing
       runs beside them (one stream), so the default takes many: on 4 H100s 64 against 20 made the
       dsv3-proxy-ep4 step 2.9% faster (dispatch 0.86x, redispatch 0.74x the time at its shapes).
+      `stream=N` (GPU, 1..8) runs every exchange op of this communicator on XLA's compute stream N
+      (jax's compute_on("gpu_stream:N")): XLA wraps each in an async call-start/call-done pair and
+      may run independent work (the weight gradients, a shared expert) beside it. All exchange ops
+      of a communicator share the stream, so they keep the program's order on every rank. Leave
+      SMs to the rest then (num_sms below 64; SLUICE_GMM_SMS caps gmm's persistent grid). The CPU
+      backend ignores the stream (same results, one stream). Measured on 4 H100s (dsv3-proxy-ep4,
+      bench/results/ep-stream-overlap-h100x4-20261126/): XLA does overlap the exchange, most with
+      the model's --interleave 2, but the exchange kernels then share the SMs and slow by about
+      what they hide (net -0.6% to -1.6%; fewer blocks: -4% at 16, -13% at 8), so it is off by
+      default.
       Every wait is bounded by `timeout_s` and ends in an error naming the rank and what it waited
       for (on a GPU the error surfaces at the next sluice.ep call, or at once with SLUICE_DEBUG=1;
       NCCL: a watchdog aborts the communicator); the communicator is then broken until setup is
@@ -226,9 +238,11 @@ class _Comm:
     multi_process: bool = False
     key: str = ""  # the key-value store prefix of its setup (multi-process)
     timeout_s: float = 60.0
+    stream: int | None = None  # XLA's compute stream the exchange ops run on (None: the main one)
 
 
 _COMMS: dict[str, list[_Comm]] = {}
+_STREAMS: dict[int, int] = {}  # comm_id -> setup's `stream`, where set
 _SETUPS = itertools.count()
 
 
@@ -289,6 +303,7 @@ def _destroy(c: _Comm) -> None:
     if c.multi_process:
         _lib.lib.sl_ep_comm_disconnect(c.comm_id)
         _barrier(_kv_client("teardown"), c.key + "/teardown", c.timeout_s, "teardown")
+    _STREAMS.pop(c.comm_id, None)
     _lib.lib.sl_ep_comm_destroy(c.comm_id)
 
 
@@ -337,6 +352,7 @@ def setup(
     num_sms: int = 64,
     transport: str = "auto",
     buffer_bytes: int = 256 << 20,
+    stream: int | None = None,
 ) -> None:
     """Prepares the communicator of `axis_name` over `mesh` (see the module docstring). Call before jit."""
     if axis_name not in mesh.axis_names:
@@ -363,6 +379,11 @@ def setup(
         raise ValueError(
             f"sluice.ep.setup: buffer_bytes must be a positive int (bytes of staging per rank), "
             f"got {buffer_bytes!r}"
+        )
+    if stream is not None and not (isinstance(stream, (int, np.integer)) and 1 <= stream <= 8):
+        raise ValueError(
+            f"sluice.ep.setup: stream must be None or an int in [1, 8] (an XLA GPU compute "
+            f"stream), got {stream!r}"
         )
     me = jax.process_index()
     multi = any(d.process_index != me for d in devs.flat)
@@ -443,7 +464,10 @@ def setup(
         multi,
         key,
         float(timeout_s),
+        None if stream is None else int(stream),
     )
+    if comm.stream is not None:
+        _STREAMS[comm.comm_id] = comm.stream
     old = [c for c in _COMMS.get(axis_name, []) if (c.axis_names, c.axis_sizes) == (names, sizes)]
     for c in old:
         _destroy(c)
@@ -572,6 +596,22 @@ def _exchange_attrs(cfg):
     }
 
 
+def _exchange(call, cfg, *args):
+    """Runs an exchange op's FFI call, on the communicator's XLA stream where setup named one: XLA
+    then wraps it in an async call-start/call-done pair and may schedule independent compute (the
+    weight gradients, the shared expert) between the two."""
+    stream = _STREAMS.get(cfg[0])
+    attrs = _exchange_attrs(cfg)
+    if stream is None:
+        return call(*args, **attrs)
+    from jax.experimental import compute_on as co
+
+    # jax 0.10 names the function form compute_on2 (its compute_on is a context manager)
+    on = getattr(co, "compute_on2", co.compute_on)
+    kw = {"compute_type": f"gpu_stream:{stream}", "out_memory_spaces": jax.memory.Space.Device}
+    return on(lambda *a: call(*a, **attrs), **kw)(*args)
+
+
 def _dispatch_call(x, idx, w, where, cfg):
     t, h = x.shape
     k = idx.shape[1]
@@ -590,7 +630,7 @@ def _dispatch_call(x, idx, w, where, cfg):
     call = jax.ffi.ffi_call(
         "sluice_ep_dispatch", outs, vmap_method="sequential", has_side_effect=True
     )
-    return call(x, idx, w, where, **_exchange_attrs(cfg))
+    return _exchange(call, cfg, x, idx, w, where)
 
 
 def _combine_call(y, y_w, send_row, where, cfg):
@@ -604,14 +644,14 @@ def _combine_call(y, y_w, send_row, where, cfg):
             vmap_method="sequential",
             has_side_effect=True,
         )
-        return call(y, send_row, where, **_exchange_attrs(cfg))[0], None
+        return _exchange(call, cfg, y, send_row, where)[0], None
     call = jax.ffi.ffi_call(
         "sluice_ep_combine",
         (_sds((t, y.shape[1]), y.dtype, v), _sds((t, y_w.shape[1]), jnp.float32, v)),
         vmap_method="sequential",
         has_side_effect=True,
     )
-    out, out_w = call(y, y_w, send_row, where, **_exchange_attrs(cfg))
+    out, out_w = _exchange(call, cfg, y, y_w, send_row, where)
     return out, out_w
 
 
@@ -623,7 +663,7 @@ def _redispatch_call(g, recv_src, where, cfg):
         vmap_method="sequential",
         has_side_effect=True,
     )
-    return call(g, recv_src, where, **_exchange_attrs(cfg))[0]
+    return _exchange(call, cfg, g, recv_src, where)[0]
 
 
 def _fan_rows(n, k, l, max_rows=0):

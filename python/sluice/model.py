@@ -57,6 +57,11 @@ class ModelConfig:
     # fan-in) but not the dispatch and combine (communication, an effect jax.checkpoint cannot
     # replay)
     remat: bool = False
+    # split each device's sequences into this many parts that go through the layers side by side
+    # (layer by layer, part after part): independent work XLA may run beside one part's exchange
+    # when sluice.ep runs on its own stream (MoEConfig.ep_stream). Every token's computation is
+    # unchanged; the MoE statistics are the parts' (load summed, dropped and aux loss averaged)
+    interleave: int = 1
 
     def active_params(self) -> int:
         """Parameters touched per token, embedding lookup excluded (the output head counted)."""
@@ -238,6 +243,17 @@ def _block(layer: Block, x, cos, sin):
     return layer(x, cos, sin)
 
 
+def _merge_stats(parts: list[dict]) -> dict:
+    """One MoE layer's statistics from its equal parts': load summed, the rest averaged."""
+    if len(parts) == 1:
+        return parts[0]
+    return {
+        "load": sum(p["load"] for p in parts),
+        "dropped": sum(p["dropped"] for p in parts) / len(parts),
+        "aux_loss": sum(p["aux_loss"] for p in parts) / len(parts),
+    }
+
+
 _block_remat = nnx.remat(_block, graph_updates=False)
 _attend_remat = nnx.remat(Block.attend, graph_updates=False)
 
@@ -260,16 +276,27 @@ class Transformer(nnx.Module):
         cos, sin = rope_tables(tokens.shape[1], cfg.head_dim, cfg.rope_theta)
         emb = self.embed[...].astype(cfg.dtype)
         x = embed_lookup(emb, tokens) if cfg.vocab_size <= ONE_HOT_MAX_VOCAB else emb[tokens]
+        n = cfg.interleave
+        b = x.shape[0]
+        if n < 1 or b % n:
+            raise ValueError(f"interleave={n} must be >= 1 and divide the batch of {b} sequences")
+        # part i holds sequences i, i+n, ...: each device's block of the batch splits into local
+        # parts (a reshape and a slice along an unsharded axis), so no part moves between devices
+        parts = [x.reshape(b // n, n, *x.shape[1:])[:, i] for i in range(n)] if n > 1 else [x]
         stats = []
         for layer in self.layers:
-            if not cfg.remat:
-                x, st = layer(x, cos, sin)
-            elif layer.replays():
-                x, st = _block_remat(layer, x, cos, sin)
-            else:
-                x, st = layer(x, cos, sin, remat_attention=True)
-            if st is not None:
-                stats.append(st)
+            layer_stats = []
+            for i in range(n):
+                if not cfg.remat:
+                    parts[i], st = layer(parts[i], cos, sin)
+                elif layer.replays():
+                    parts[i], st = _block_remat(layer, parts[i], cos, sin)
+                else:
+                    parts[i], st = layer(parts[i], cos, sin, remat_attention=True)
+                layer_stats.append(st)
+            if layer_stats[0] is not None:
+                stats.append(_merge_stats(layer_stats))
+        x = parts[0] if n == 1 else jnp.stack(parts, axis=1).reshape(x.shape)
         x = self.norm(x)
         logits = head_logits(x, self.head[...].astype(cfg.dtype))
         aux = {

@@ -79,6 +79,9 @@ class MoEConfig:
     # sluice.ep only: thread blocks of the exchange kernels (sluice.ep.setup's num_sms; None: its
     # default)
     ep_num_sms: int | None = None
+    # sluice.ep only: run the exchange on XLA GPU compute stream N (sluice.ep.setup's stream), so
+    # XLA may overlap it with independent work; None: the main stream
+    ep_stream: int | None = None
     fsdp: bool = False  # also split the routed experts' weights over the data axis (along d_model)
     # the model recomputes its blocks in the backward pass (ModelConfig.remat); over sluice.ep, whose
     # communication jax.checkpoint cannot replay, the block recomputes its local part (fan-out, the
@@ -115,6 +118,10 @@ class MoEConfig:
             raise ValueError(
                 f"ep_num_sms must be an int in [1, 64] or None, got {self.ep_num_sms!r}"
             )
+        if self.ep_stream is not None and not (
+            isinstance(self.ep_stream, int) and 1 <= self.ep_stream <= 8
+        ):
+            raise ValueError(f"ep_stream must be an int in [1, 8] or None, got {self.ep_stream!r}")
 
 
 def capacity(seq_len: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
@@ -490,12 +497,16 @@ def _setup_sluice_ep(cfg: MoEConfig, mesh, axis_name) -> bool:
     try:
         from sluice import ep
 
-        # One communicator per mesh and axis serves every layer; make it again if torn down since.
+        # One communicator per mesh and axis serves every layer; make it again if torn down since,
+        # or if this layer asks for other settings (which then replace the old communicator's).
         ids = tuple(int(d.id) for d in mesh.devices.flat)
         live = {tuple(sorted(c.device_ids)) for c in getattr(ep, "_COMMS", {}).get(axis_name, [])}
-        if (mesh, axis_name) not in _EP_READY or tuple(sorted(ids)) not in live:
+        key = (mesh, axis_name, cfg.ep_num_sms, cfg.ep_stream)
+        if key not in _EP_READY or tuple(sorted(ids)) not in live:
             kw = {} if cfg.ep_num_sms is None else {"num_sms": cfg.ep_num_sms}
-            ep.setup(mesh, axis_name=axis_name, **kw)
+            ep.setup(mesh, axis_name=axis_name, stream=cfg.ep_stream, **kw)
+            for k in [k for k in _EP_READY if k[:2] == (mesh, axis_name)]:
+                _EP_READY.discard(k)
     except Exception as e:
         if cfg.use_sluice_dispatch:
             if isinstance(e, ImportError):
@@ -510,7 +521,7 @@ def _setup_sluice_ep(cfg: MoEConfig, mesh, axis_name) -> bool:
             stacklevel=3,
         )
         return False
-    _EP_READY.add((mesh, axis_name))
+    _EP_READY.add(key)
     return True
 
 

@@ -47,10 +47,10 @@ def trace_file(trace_dir: str) -> str:
     return max(found, key=os.path.getmtime)
 
 
-def op_events(path: str) -> tuple[list[tuple[str, float]], str]:
-    """(kernel or op name, microseconds) of every event with an ``hlo_op``, from the GPU
-    processes when the trace has any (every GPU's, summed: "2 GPUs'"), else from the host's; and
-    which it was."""
+def op_events(path: str) -> tuple[list[tuple[str, float, int, float]], str]:
+    """(kernel or op name, microseconds, process id, start in microseconds) of every event with an
+    ``hlo_op``, from the GPU processes when the trace has any (every GPU's, summed: "2 GPUs'"),
+    else from the host's; and which it was."""
     with gzip.open(path, "rt") as f:
         events = json.load(f)["traceEvents"]
     pname = {
@@ -62,7 +62,27 @@ def op_events(path: str) -> tuple[list[tuple[str, float]], str]:
     gpu = [e for e in ops if "GPU" in pname.get(e["pid"], "")]
     ngpu = len({e["pid"] for e in gpu})
     chosen, where = (gpu, "GPU" if ngpu == 1 else f"{ngpu} GPUs'") if gpu else (ops, "host")
-    return [(e["name"], float(e.get("dur", 0.0))) for e in chosen], where
+    rows = [
+        (e["name"], float(e.get("dur", 0.0)), e["pid"], float(e.get("ts", 0.0))) for e in chosen
+    ]
+    return rows, where
+
+
+def busy_us(rows) -> float:
+    """Time at least one op ran, summed over the processes (GPUs): the union of each one's op
+    intervals. Below the summed op time by what ran at once on several streams."""
+    total = 0.0
+    by_pid = collections.defaultdict(list)
+    for _, dur, pid, ts in rows:
+        by_pid[pid].append((ts, ts + dur))
+    for spans in by_pid.values():
+        spans.sort()
+        end = -float("inf")
+        for a, b in spans:
+            if b > end:
+                total += b - max(a, end)
+                end = b
+    return total
 
 
 def _table(text: str, section: str) -> dict[int, str]:
@@ -114,13 +134,14 @@ def summarize(trace_dir: str, steps: int | None = None, top: int = 40) -> str:
     if os.path.exists(hlo_path):
         with open(hlo_path) as f:
             sources = hlo_sources(f.read())
-    total = sum(d for _, d in rows)
+    total = sum(r[1] for r in rows)
+    busy = busy_us(rows)
     per = steps or 1
     by_cat: dict[str, float] = collections.Counter()
     # by kernel (GPU: the same kernel runs under several HLO ops, e.g. each CUDA graph's
     # command_buffer) or by op (host: the op's name is all there is)
     by_op: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
-    for name, dur in rows:
+    for name, dur, _, _ in rows:
         by_cat[category(name)] += dur
         acc = by_op[name]
         acc[0] += dur
@@ -130,6 +151,11 @@ def summarize(trace_dir: str, steps: int | None = None, top: int = 40) -> str:
         f"# {path}",
         f"# {where} op time: {total / 1e3 / per:.2f} {unit} over {len(rows)} op executions"
         + (f" ({steps} steps)" if steps else ""),
+        (
+            f"# busy (some op running): {busy / 1e3 / per:.2f} {unit}; ops overlapping on "
+            f"several streams: {(total - busy) / 1e3 / per:.2f} {unit} "
+            f"({(total - busy) / max(total, 1e-9):.1%} of op time)"
+        ),
         "",
         f"{'category':<14} {unit:>10} {'share':>7}",
     ]

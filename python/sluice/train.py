@@ -89,6 +89,20 @@ def parse_args(argv=None):
         "(default: sluice.ep.setup's 64)",
     )
     p.add_argument(
+        "--interleave",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split each device's sequences into N parts that go through the layers side by side "
+        "(with --ep-stream: work XLA may overlap with one part's exchange)",
+    )
+    p.add_argument(
+        "--ep-stream",
+        type=int,
+        help="sluice path over sluice.ep: run its exchange on XLA GPU compute stream N (1-8), so "
+        "XLA may overlap it with independent work (default: the main stream)",
+    )
+    p.add_argument(
         "--sluice-dispatch",
         choices=("auto", "on", "off"),
         default="auto",
@@ -220,11 +234,14 @@ def build_config(a) -> tuple[ModelConfig, dict]:
         fsdp=a.fsdp,
         ep_rows_factor=a.ep_rows_factor,
         ep_num_sms=a.ep_sms,
+        ep_stream=a.ep_stream,
     )
     for k in ("bias_update_rate", "aux_loss_coef", "num_shared_experts"):
         if getattr(a, k) is not None:
             moe = dataclasses.replace(moe, **{k: getattr(a, k)})
-    cfg = dataclasses.replace(cfg, moe=moe, attention=a.attention, remat=a.remat)
+    cfg = dataclasses.replace(
+        cfg, moe=moe, attention=a.attention, remat=a.remat, interleave=a.interleave
+    )
     if a.n_layers:
         cfg = dataclasses.replace(
             cfg, n_layers=a.n_layers, n_dense_layers=min(cfg.n_dense_layers, a.n_layers - 1)

@@ -415,6 +415,35 @@ def test_without_setup_or_on_another_mesh():
         ep.dispatch(x, idx, w, num_experts=3, axis_name="ep")
 
 
+def test_exchange_on_a_stream_matches_the_main_stream():
+    """setup(stream=1) puts every exchange op (dispatch, combine, and the redispatch and combine of
+    their backward) in an XLA call annotated for GPU stream 1; the CPU backend runs it on its one
+    stream, so values and gradients match the main-stream communicator bit for bit."""
+    r, t, h, n, k, e = 4, 9, 16, 12, 4, 16
+    x = jnp.asarray(RNG.standard_normal((r * t, h)), jnp.float32)
+    wexp = jnp.asarray(RNG.standard_normal((e, h, n)) / np.sqrt(h), jnp.float32)
+    idx, w = routing(r, t, k, e)
+    results = []
+    for stream in (None, 1):
+        mesh = Mesh(np.array(jax.devices()[:r]), ("ep",))
+        ep.setup(mesh, "ep", timeout_s=20.0, stream=stream)
+        f = pipeline(mesh, e)
+        step = jax.jit(
+            jax.value_and_grad(
+                lambda x, w, wexp, f=f: jnp.sum(f(x, idx, w, wexp) ** 2), argnums=(0, 1, 2)
+            )
+        )
+        text = step.lower(x, w, wexp).as_text()
+        assert ('_xla_stream_annotation = "1"' in text) == (stream == 1)
+        # finished before the next setup replaces the communicator it runs on
+        results.append(jax.block_until_ready(step(x, w, wexp)))
+    mesh_of.cache_clear()  # the tests after this one set the plain communicator up again
+    for u, v in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
+        np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+    with pytest.raises(ValueError, match="stream must be None or an int"):
+        ep.setup(Mesh(np.array(jax.devices()[:2]), ("tmp",)), "tmp", stream=0)
+
+
 def test_setup_errors_and_teardown():
     mesh = Mesh(np.array(jax.devices()[:2]), ("tmp",))
     with pytest.raises(ValueError, match="not 'nope'"):

@@ -452,6 +452,41 @@ def test_remat_recomputes_and_changes_nothing_else(ep):
     assert float(outs[1][4]["loss"]) == pytest.approx(float(outs[0][4]["loss"]), rel=1e-6)
 
 
+@pytest.mark.parametrize("ep", [1, 2], ids=["local", "ep2-sluice.ep-on-a-stream"])
+def test_interleaved_parts_are_the_same_step(ep):
+    """ModelConfig.interleave=2 (each device's sequences in two parts through the layers side by
+    side; over sluice.ep with its exchange on stream 1): the same step, loss and router load as one
+    part, and the parts stay on their devices (no collective added)."""
+    from sluice import train
+
+    if len(jax.devices()) < 2 * ep:
+        pytest.skip(f"needs {2 * ep} devices")
+    mesh = train.make_mesh(ep, 2 * ep) if ep > 1 else None
+    tokens = jnp.asarray(np.random.default_rng(3).integers(0, 256, (8, 129)), jnp.int32)
+    outs, hlo = [], []
+    for n in (1, 2):
+        moe = dataclasses.replace(TINY.moe, impl="sluice", ep_stream=1 if ep > 1 else None)
+        cfg = dataclasses.replace(TINY, moe=moe, interleave=n)
+        model = Transformer(cfg, rngs=nnx.Rngs(0), mesh=mesh)
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        opt, _ = train.make_optimizer({"warmup": 2, "steps": 10, "lr": 1e-3})
+        opt_state = opt.init(params)
+        step = jax.jit(train.make_steps(graphdef, opt, cfg)[0])
+        lowered = step.lower(params, rest, opt_state, tokens)
+        assert ("_xla_stream_annotation" in lowered.as_text()) == (ep > 1)
+        hlo.append(lowered.compile().as_text())
+        outs.append(step(params, rest, opt_state, tokens))
+    for a, b in zip(jax.tree.leaves(outs[0][:2]), jax.tree.leaves(outs[1][:2]), strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=1e-7)
+    m1, m2 = outs[0][4], outs[1][4]
+    assert float(m2["loss"]) == pytest.approx(float(m1["loss"]), rel=1e-6)
+    np.testing.assert_array_equal(np.asarray(m2["load"]), np.asarray(m1["load"]))
+    for op in ("all-to-all", "collective-permute", "all-gather"):
+        assert hlo[1].count(op) == hlo[0].count(op), op
+    with pytest.raises(ValueError, match="interleave=3 must be >= 1 and divide"):
+        Transformer(dataclasses.replace(TINY, interleave=3), rngs=nnx.Rngs(0))(tokens[:, :-1])
+
+
 def test_init_state_is_made_in_its_shardings():
     """train.init_state makes the state by one jit straight into its shardings: the routed experts'
     weights and their AdamW moments split over the expert axis, no other array left alive beside
@@ -634,7 +669,11 @@ def test_profile_traces_steps_and_leaves_them_out_of_the_log(tmp_path):
         text = f.read()
     assert "op time:" in text and "(2 steps)" in text
     rows, where = profile.op_events(profile.trace_file(os.path.join(out, "profile")))
-    assert where == "host" and len(rows) > 10 and sum(d for _, d in rows) > 0
+    assert where == "host" and len(rows) > 10 and sum(r[1] for r in rows) > 0
+    # busy time: the union of each process's op intervals (overlaps counted once)
+    assert 0 < profile.busy_us(rows) <= sum(r[1] for r in rows) + 1e-6
+    assert profile.busy_us([("a", 4.0, 0, 0.0), ("b", 4.0, 0, 2.0), ("c", 1.0, 1, 0.0)]) == 7.0
+    assert "ops overlapping on several streams" in text
     # the same summary from the trace again, its op table the ops that took the most time first
     assert text == profile.summarize(os.path.join(out, "profile"), steps=2)
     table = text.split("op / kernel\n")[1].splitlines()
