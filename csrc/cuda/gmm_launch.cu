@@ -165,6 +165,7 @@ sl_status run(const char *op, bool tgmm, const sl_gmm_desc *d, const void *lhs, 
   const size_t rhs_stride = (tgmm ? M * N : GL * K * N) * in_bytes;
   const size_t out_stride = out_elems * out_bytes;
 
+  const int sms = grid_sms(dev);
   for (size_t b = 0; b < B; ++b) {
     GmmArgs a;
     a.lhs = (const char *)lhs + b * lhs_stride;
@@ -181,7 +182,6 @@ sl_status run(const char *op, bool tgmm, const sl_gmm_desc *d, const void *lhs, 
     a.in_dtype = d->lhs_dtype, a.out_dtype = d->out_dtype;
     a.transpose_rhs = tgmm ? 0 : (d->transpose_rhs != 0);
     a.skip_unused = tgmm ? 0 : (d->skip_unused_rows != 0);
-    const int sms = grid_sms(dev);
     if (a.in_dtype == SL_DTYPE_F32) {
       st = sluice_cuda::naive_gmm_launch(a, tgmm, sms, stream);
     } else {

@@ -242,7 +242,6 @@ class _Comm:
 
 
 _COMMS: dict[str, list[_Comm]] = {}
-_STREAMS: dict[int, int] = {}  # comm_id -> setup's `stream`, where set
 _SETUPS = itertools.count()
 
 
@@ -303,7 +302,6 @@ def _destroy(c: _Comm) -> None:
     if c.multi_process:
         _lib.lib.sl_ep_comm_disconnect(c.comm_id)
         _barrier(_kv_client("teardown"), c.key + "/teardown", c.timeout_s, "teardown")
-    _STREAMS.pop(c.comm_id, None)
     _lib.lib.sl_ep_comm_destroy(c.comm_id)
 
 
@@ -466,8 +464,6 @@ def setup(
         float(timeout_s),
         None if stream is None else int(stream),
     )
-    if comm.stream is not None:
-        _STREAMS[comm.comm_id] = comm.stream
     old = [c for c in _COMMS.get(axis_name, []) if (c.axis_names, c.axis_sizes) == (names, sizes)]
     for c in old:
         _destroy(c)
@@ -587,7 +583,7 @@ def _axes_of(where):
 
 
 def _exchange_attrs(cfg):
-    comm_id, num_ranks, num_experts = cfg
+    comm_id, num_ranks, num_experts, _ = cfg
     return {
         "comm_id": np.int64(comm_id),
         "num_ranks": np.int64(num_ranks),
@@ -600,7 +596,7 @@ def _exchange(call, cfg, *args):
     """Runs an exchange op's FFI call, on the communicator's XLA stream where setup named one: XLA
     then wraps it in an async call-start/call-done pair and may schedule independent compute (the
     weight gradients, the shared expert) between the two."""
-    stream = _STREAMS.get(cfg[0])
+    stream = cfg[3]
     attrs = _exchange_attrs(cfg)
     if stream is None:
         return call(*args, **attrs)
@@ -615,7 +611,7 @@ def _exchange(call, cfg, *args):
 def _dispatch_call(x, idx, w, where, cfg):
     t, h = x.shape
     k = idx.shape[1]
-    _, r, e = cfg
+    _, r, e, _ = cfg
     n, l = t * r, e // r
     v = _vary_kw(x, idx, w, where, extra=_axes_of(where))
     outs = (
@@ -796,7 +792,7 @@ def dispatch(x, topk_idx, topk_weights, *, num_experts: int, axis_name) -> Dispa
             f"sluice.ep.dispatch: num_experts={num_experts} is not a positive multiple of "
             f"the {comm.num_ranks} ranks of axis {axis_name!r}"
         )
-    cfg = (comm.comm_id, comm.num_ranks, num_experts)
+    cfg = (comm.comm_id, comm.num_ranks, num_experts, comm.stream)
     rx, ri, rw, nr, cn, sr, rs = _dispatch(x, topk_idx, topk_weights, _where(comm), cfg)
     handle = Handle(sr, rs, comm.comm_id, axis_name, comm.num_ranks, num_experts)
     return Dispatched(rx, ri, rw, nr[0], cn, handle)
@@ -840,7 +836,7 @@ def combine(y, handle: Handle):
             "sluice.ep.combine: the handle comes from a communicator that was replaced "
             "(sluice.ep.setup was called again); dispatch again"
         )
-    cfg = (comm.comm_id, comm.num_ranks, handle.num_experts)
+    cfg = (comm.comm_id, comm.num_ranks, handle.num_experts, comm.stream)
     return _combine(y, handle.send_row, handle.recv_src, _where(comm), cfg)
 
 
