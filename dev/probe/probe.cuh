@@ -72,6 +72,37 @@ __device__ __forceinline__ void fence64(float (&d)[64]) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+
+/* 2-CTA clusters (the t2 probe's A-multicast variant; the library's cluster kernels were removed
+ * at 46c75da): a TMA box that lands at the same shared-memory offset of every CTA in `mask`,
+ * completing bytes on the mbarrier at the same offset in each; an arrive on another CTA's barrier
+ * (an address from mapa_shared; .release.cta, as the consumer only read the stage through wgmma
+ * and waited for those reads); a barrier of every thread of the cluster. */
+__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const void *map, int c0, int c1,
+                                               uint32_t bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
+      "cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+      : "memory");
+}
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t remote_bar) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar) : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                   : "memory");
+}
 } /* namespace sm90 */
 } /* namespace sluice_cuda */
 

@@ -18,7 +18,13 @@
  * Build (the harness's objects): B=build-probe; mkdir -p $B; for f in status gmm_cpu; do
  *   gcc -O2 -fPIC -fopenmp -Iinclude -Icsrc/core -c csrc/core/$f.c -o $B/$f.o; done
  *   nvcc -O3 -std=c++17 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Iinclude -Icsrc/core \
- *     dev/probe/t2_probe.cu $B/status.o $B/gmm_cpu.o -lgomp -lcuda -o $B/t2_probe */
+ *     dev/probe/t2_probe.cu $B/status.o $B/gmm_cpu.o -lgomp -lcuda -lcublas -o $B/t2_probe
+ * (dev/probe/t2_probe.sh builds it, runs it and runs it under Nsight Compute on dsv3-down.)
+ *
+ * Session 42 added to the rotation the 2-CTA A-multicast variant (MC: is what is left of cuBLAS's
+ * lead on dsv3-down its 1x2 clusters? no) and cuBLAS's batched product itself, and, with
+ * T2_SIZES_DIR, t2r_kernel on the benchmark's own ragged group sizes (the edge the probe had left
+ * out: it costs far more than the tile gains). bench/results/t2-probe-h100-20261127/. */
 
 #include <algorithm>
 #include <vector>
@@ -27,6 +33,20 @@
 #include "../../csrc/cuda/sm80_gmm.cu"
 #include "../../csrc/cuda/sm90_gmm.cu"
 #include "probe.cuh"
+
+#include <cublas_v2.h>
+#include <string.h>
+
+#include <type_traits>
+
+#define CKB(x)                                                      \
+  do {                                                              \
+    cublasStatus_t s_ = (x);                                        \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                              \
+      fprintf(stderr, "%s:%d %s: cuBLAS %d\n", __FILE__, __LINE__, #x, (int)s_); \
+      exit(1);                                                      \
+    }                                                               \
+  } while (0)
 
 
 using namespace sluice_cuda;
@@ -43,46 +63,69 @@ constexpr size_t smem_of(int stg) { return 1024 + (size_t)stg * SB + cb_of(stg) 
 
 
 /* rows: every group's (a multiple of TM); tiles: G x (rows / TM) x (N / TN), row tiles innermost */
-template <int STG>
+/* MC (4 stages only): on 2-CTA clusters, as cuBLAS's 256x128 1x2 kernel. The pair takes two
+ * tiles side by side along N (the same 256 rows of A, two 128-column blocks; N / 128 is even on
+ * every shape, so no pair needs a dummy); each CTA loads 128 of the 256 A rows multicast to both
+ * (16 KB) and its own B (16 KB): 32 KB a stage from L2 instead of 48. A stage of either CTA is
+ * refilled only after both CTAs' consumers released it (16 arrivals: each consumer warp arrives
+ * on its own CTA's barrier and on the peer's). */
+template <int STG, bool MC>
 __global__ void __launch_bounds__(384, 1)
     t2_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
               const __grid_constant__ CUtensorMap map_c, int rows, int k, int n, int groups) {
 #ifdef SLUICE_SM90A_DEVICE
+  static_assert(!MC || STG == 4, "the multicast probe runs 4 stages");
   extern __shared__ unsigned char smem_raw[];
   unsigned char *base = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   constexpr int CB = cb_of(STG);
   const uint32_t stage0 = smem_u32(base), c_smem = stage0 + STG * SB;
   const uint32_t full0 = c_smem + CB, empty0 = full0 + STG * 8;
   const int mt_n = rows / TM, nt_n = n / TN, nk = k / KB;
-  const int tiles = groups * mt_n * nt_n;
+  /* MC: units are pairs of tiles (this CTA's: column block 2 * (unit's) + rank) */
+  const uint32_t rank = MC ? cluster_ctarank() : 0;
+  const int per_g = mt_n * (MC ? nt_n / 2 : nt_n);
+  const int units = groups * per_g;
+  const int first = MC ? blockIdx.x / 2 : blockIdx.x, stride = MC ? gridDim.x / 2 : gridDim.x;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < STG; ++s) mbar_init(full0 + 8 * s, 1), mbar_init(empty0 + 8 * s, 8);
+    for (int s = 0; s < STG; ++s)
+      mbar_init(full0 + 8 * s, 1), mbar_init(empty0 + 8 * s, MC ? 16 : 8);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  if constexpr (MC)
+    cluster_sync(); /* the peer's barriers exist before any multicast or remote arrive */
+  else
+    __syncthreads();
   const int wg = threadIdx.x / 128;
   auto decode = [&](int t, int &m0, int &n0, int &g) {
-    g = t / (mt_n * nt_n);
-    const int u = t - g * mt_n * nt_n;
-    m0 = g * rows + (u % mt_n) * TM, n0 = (u / mt_n) * TN;
+    g = t / per_g;
+    const int u = t - g * per_g;
+    m0 = g * rows + (u % mt_n) * TM, n0 = (u / mt_n) * TN * (MC ? 2 : 1) + (int)rank * TN;
   };
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x == 0) {
       int s = 0;
       uint32_t phase = 0;
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      for (int t = first; t < units; t += stride) {
         int m0, n0, g;
         decode(t, m0, n0, g);
         for (int kb = 0; kb < nk; ++kb) {
           mbar_wait(empty0 + 8 * s, phase ^ 1);
           const uint32_t full = full0 + 8 * s, sa = stage0 + s * SB;
           mbar_expect_tx(full, SB);
-          tma_load_2d(sa, &map_a, kb * KB, m0, full);
+          if constexpr (MC) /* this CTA's 128 rows of A, to the same offset in both CTAs */
+            tma_load_2d_mc(sa + rank * (A_BYTES2 / 2), &map_a, kb * KB, m0 + (int)rank * (TM / 2),
+                           full, (uint16_t)3);
+          else
+            tma_load_2d(sa, &map_a, kb * KB, m0, full);
           tma_load_4d(sa + A_BYTES2, &map_b, 0, kb * KB, n0 / 64, g, full);
           if (++s == STG) s = 0, phase ^= 1;
         }
       }
+    }
+    if constexpr (MC) { /* neither CTA leaves while the peer may still arrive on its barriers */
+      __syncwarp();
+      cluster_sync();
     }
     return;
   }
@@ -92,7 +135,10 @@ __global__ void __launch_bounds__(384, 1)
   int s = 0;
   uint32_t phase = 0;
   auto release = [&](int st) {
-    if (lane == 0) mbar_arrive(empty0 + 8 * st);
+    if (lane == 0) {
+      mbar_arrive(empty0 + 8 * st);
+      if constexpr (MC) mbar_arrive_cluster(mapa_shared(empty0 + 8 * st, rank ^ 1));
+    }
   };
   /* A: 256 rows of 128 bytes (8 KB a 64-row slice); B: two 64x64 boxes (N-major) */
   auto da_of = [&](uint32_t sa, int slice, int kk) {
@@ -102,7 +148,7 @@ __global__ void __launch_bounds__(384, 1)
     return make_desc(sa + A_BYTES2 + kk * 2048, BOX_BYTES, 1024);
   };
   const uint32_t cbase = c_smem + cw * (CB / 2); /* this warpgroup's 128 rows: two 16 KB halves */
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+  for (int t = first; t < units; t += stride) {
     int m0, n0, g;
     decode(t, m0, n0, g);
     int sd = 0;
@@ -175,6 +221,167 @@ __global__ void __launch_bounds__(384, 1)
     }
   }
   if (lt == 0) bulk_wait0();
+  if constexpr (MC) cluster_sync();
+#endif
+}
+
+/* Ragged groups (session 42): the 4-stage tile on the benchmark's own group sizes, tiles from a
+ * host-built list {m0, n0, rows, group} (a group's tiles column block by column block, its row
+ * tiles innermost, as above). A group's last row tile of r < 256 rows computes only its
+ * ceil(r / 64) 64-row slabs: the producer loads those slabs of A as 64-row boxes (map_a64) with the
+ * whole B strip, and the consumers issue only their slabs' wgmmas. The slabs are interleaved over
+ * the warpgroups (warpgroup w: slabs w and w + 2), so a 2-slab edge keeps both busy. Full tiles
+ * leave as in t2_kernel<4> (staged, TMA-stored, the first half while the second drains); an edge
+ * tile's slabs leave from registers, masked at the group's end. */
+__global__ void __launch_bounds__(384, 1)
+    t2r_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_a64,
+               const __grid_constant__ CUtensorMap map_b, const __grid_constant__ CUtensorMap map_c,
+               const int4 *__restrict__ tl, int units, int k, int n, __nv_bfloat16 *out,
+               int skip) {
+#ifdef SLUICE_SM90A_DEVICE
+  constexpr int STG = 4, CB = cb_of(STG), SLAB = 64 * KB * 2; /* 8 KB: 64 rows of A */
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char *base = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  const uint32_t stage0 = smem_u32(base), c_smem = stage0 + STG * SB;
+  const uint32_t full0 = c_smem + CB, empty0 = full0 + STG * 8;
+  const int nk = k / KB;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STG; ++s) mbar_init(full0 + 8 * s, 1), mbar_init(empty0 + 8 * s, 8);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == 0) {
+      int s = 0;
+      uint32_t phase = 0;
+      for (int t = blockIdx.x; t < units; t += gridDim.x) {
+        const int4 v = tl[t];
+        const int slabs = skip ? (v.z + 63) / 64 : 4;
+        for (int kb = 0; kb < nk; ++kb) {
+          mbar_wait(empty0 + 8 * s, phase ^ 1);
+          const uint32_t full = full0 + 8 * s, sa = stage0 + s * SB;
+          mbar_expect_tx(full, (slabs == 4 ? A_BYTES2 : slabs * SLAB) + TN * KB * 2);
+          if (slabs == 4)
+            tma_load_2d(sa, &map_a, kb * KB, v.x, full);
+          else
+            for (int sl = 0; sl < slabs; ++sl)
+              tma_load_2d(sa + sl * SLAB, &map_a64, kb * KB, v.x + 64 * sl, full);
+          tma_load_4d(sa + A_BYTES2, &map_b, 0, kb * KB, v.y / 64, v.w, full);
+          if (++s == STG) s = 0, phase ^= 1;
+        }
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int cw = wg - 1, lt = threadIdx.x & 127, warp = lt >> 5, lane = lt & 31;
+  float acc0[64], acc1[64]; /* slabs cw and cw + 2 of the tile */
+  int s = 0;
+  uint32_t phase = 0;
+  auto release = [&](int st) {
+    if (lane == 0) mbar_arrive(empty0 + 8 * st);
+  };
+  auto da_of = [&](uint32_t sa, int slab, int kk) {
+    return make_desc(sa + slab * SLAB + kk * 32, 16, 1024);
+  };
+  auto db_of = [&](uint32_t sa, int kk) {
+    return make_desc(sa + A_BYTES2 + kk * 2048, BOX_BYTES, 1024);
+  };
+  const uint32_t cbase = c_smem + cw * (CB / 2); /* this warpgroup's 16 KB of staging */
+  /* one tile's k-blocks with NA (0, 1, 2) accumulators of this warpgroup in use: a tile-level
+   * choice, so that no wgmma sits on a divergent path (ptxas would serialize them all, C7520) */
+  auto mainloop = [&](auto na_c) {
+    constexpr int NA = decltype(na_c)::value;
+    int sd = 0;
+    for (int kb = 0; kb < nk - 1; ++kb) {
+      mbar_wait(full0 + 8 * s, phase);
+      const uint32_t sa = stage0 + s * SB;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint64_t db = db_of(sa, kk);
+        if constexpr (NA >= 1)
+          wgmma_m64n128k16_bf16<0, 1>(acc0, da_of(sa, cw, kk), db, kk == 0 ? sd : 1);
+        if constexpr (NA == 2)
+          wgmma_m64n128k16_bf16<0, 1>(acc1, da_of(sa, cw + 2, kk), db, kk == 0 ? sd : 1);
+      }
+      sd = 1;
+      wgmma_commit();
+      wgmma_wait1();
+      fence64(acc0);
+      fence64(acc1);
+      if (kb > 0) release(s == 0 ? STG - 1 : s - 1);
+      if (++s == STG) s = 0, phase ^= 1;
+    }
+    /* the last k-block: slab cw first, then slab cw + 2, two commit groups */
+    mbar_wait(full0 + 8 * s, phase);
+    const uint32_t sa = stage0 + s * SB;
+    wgmma_fence();
+    if constexpr (NA >= 1) {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wgmma_m64n128k16_bf16<0, 1>(acc0, da_of(sa, cw, kk), db_of(sa, kk), kk == 0 ? sd : 1);
+    }
+    wgmma_commit();
+    if constexpr (NA == 2) {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wgmma_m64n128k16_bf16<0, 1>(acc1, da_of(sa, cw + 2, kk), db_of(sa, kk), kk == 0 ? sd : 1);
+    }
+    wgmma_commit();
+  };
+  for (int t = blockIdx.x; t < units; t += gridDim.x) {
+    const int4 v = tl[t];
+    const int m0 = v.x, n0 = v.y, rows = v.z, slabs = skip ? (rows + 63) / 64 : 4;
+    const bool act0 = cw < slabs, act1 = cw + 2 < slabs;
+    if (act1)
+      mainloop(std::integral_constant<int, 2>());
+    else if (act0)
+      mainloop(std::integral_constant<int, 1>());
+    else
+      mainloop(std::integral_constant<int, 0>());
+    if (rows < TM) { /* an edge tile: every slab of this warpgroup from registers, masked */
+      wgmma_wait0();
+      fence64(acc0);
+      fence64(acc1);
+      if (nk > 1) release(s == 0 ? STG - 1 : s - 1);
+      release(s);
+      if (++s == STG) s = 0, phase ^= 1;
+      if (act0) store_half_regs(acc0, out, SL_DTYPE_BF16, n, m0 + 64 * cw, n0, m0 + rows, warp, lane);
+      if (act1)
+        store_half_regs(acc1, out, SL_DTYPE_BF16, n, m0 + 64 * (cw + 2), n0, m0 + rows, warp, lane);
+      continue;
+    }
+    wgmma_wait1(); /* the block before and this block's first slab are done */
+    fence64(acc0);
+    if (nk > 1) release(s == 0 ? STG - 1 : s - 1);
+    if (lt == 0) bulk_wait_read0(); /* the last store has read the staging buffer */
+    named_bar(2 + cw, 128);
+    stage_half_stsm<__nv_bfloat16>(acc0, cbase, warp, lane);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    named_bar(2 + cw, 128);
+    if (lt == 0) {
+      for (int b = 0; b < 2; ++b) tma_store_2d(&map_c, cbase + b * BOX_BYTES, n0 + 64 * b, m0 + 64 * cw);
+      bulk_commit();
+    }
+    wgmma_wait0();
+    fence64(acc1);
+    release(s);
+    if (++s == STG) s = 0, phase ^= 1;
+    if (lt == 0) bulk_wait_read0();
+    named_bar(2 + cw, 128);
+    stage_half_stsm<__nv_bfloat16>(acc1, cbase, warp, lane);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    named_bar(2 + cw, 128);
+    if (lt == 0) {
+      for (int b = 0; b < 2; ++b)
+        tma_store_2d(&map_c, cbase + b * BOX_BYTES, n0 + 64 * b, m0 + 64 * (cw + 2));
+      bulk_commit();
+    }
+  }
+  if (lt == 0) bulk_wait0();
 #endif
 }
 } /* namespace t2 */
@@ -192,6 +399,150 @@ __global__ void max_diff(const __nv_bfloat16 *a, const __nv_bfloat16 *b, size_t 
   atomicMax(reinterpret_cast<int *>(&res[1]), __float_as_int(r));
 }
 
+/* The benchmark's shapes on its own ragged group sizes (files <dir>/<shape>-<dist>.txt, G ints:
+ * bench/shapes.py's group_sizes, written by dev/probe/t2_probe.sh): the library's gmm against
+ * t2r_kernel, checked (every row: the sizes sum to M) and timed in turn as above. */
+static void ragged(const char *dir, int sms, const char *only_shape, int reps) {
+  struct Sh {
+    const char *name;
+    int m, g, k, n;
+  } shapes[] = {{"dsv3-gateup-ep8", 32768, 32, 7168, 4096},
+                {"dsv3-down-ep8", 32768, 32, 2048, 7168},
+                {"mixtral-up", 16384, 8, 4096, 14336},
+                {"qwen3-30b-up", 65536, 128, 2048, 1536}};
+  CK(cudaFuncSetAttribute(t2::t2r_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          (int)t2::smem_of(4)));
+  printf("\nragged group sizes (bench/shapes.py): lib against t2r (4 stages, %s)\n",
+         getenv("T2R_NOSKIP") ? "edge tiles computed whole" : "slab-skipping edges");
+  printf("%-16s %-8s %6s %6s %9s %9s %7s %10s\n", "shape", "sizes", "tiles", "edges", "lib TF/s",
+         "t2r TF/s", "t2r/lib", "rel diff");
+  for (const Sh &sh : shapes) {
+    if (only_shape && !strstr(sh.name, only_shape)) continue;
+    for (const char *dist : {"exact", "uniform", "skewed"}) {
+      char path[512];
+      snprintf(path, sizeof path, "%s/%s-%s.txt", dir, sh.name, dist);
+      FILE *f = fopen(path, "r");
+      if (!f) {
+        printf("%-16s %-8s (no %s)\n", sh.name, dist, path);
+        continue;
+      }
+      std::vector<int32_t> hs(sh.g);
+      long long sum = 0;
+      for (int i = 0; i < sh.g; ++i) {
+        if (fscanf(f, "%d", &hs[i]) != 1) {
+          fprintf(stderr, "%s: short\n", path);
+          exit(1);
+        }
+        sum += hs[i];
+      }
+      fclose(f);
+      if (sum != sh.m) {
+        fprintf(stderr, "%s: sizes sum to %lld, not %d\n", path, sum, sh.m);
+        exit(1);
+      }
+      std::vector<int4> tiles;
+      int edges = 0;
+      for (int g = 0, gs = 0; g < sh.g; gs += hs[g], ++g)
+        for (int nb = 0; nb < sh.n / t2::TN; ++nb)
+          for (int m0 = gs; m0 < gs + hs[g]; m0 += t2::TM) {
+            const int rows = std::min(t2::TM, gs + hs[g] - m0);
+            edges += rows < t2::TM;
+            tiles.push_back(make_int4(m0, nb * t2::TN, rows, g));
+          }
+      const int m = sh.m;
+      __nv_bfloat16 *x, *w, *o_lib, *o_t2;
+      int32_t *sizes;
+      int *counter;
+      int4 *tl;
+      float *res;
+      CK(cudaMalloc(&x, (size_t)m * sh.k * 2));
+      CK(cudaMalloc(&w, (size_t)sh.g * sh.k * sh.n * 2));
+      CK(cudaMalloc(&o_lib, (size_t)m * sh.n * 2));
+      CK(cudaMalloc(&o_t2, (size_t)m * sh.n * 2));
+      CK(cudaMemset(o_t2, 0xff, (size_t)m * sh.n * 2)); /* poisoned: NaN */
+      CK(cudaMalloc(&sizes, sh.g * 4));
+      CK(cudaMalloc(&counter, 4));
+      CK(cudaMalloc(&tl, tiles.size() * sizeof(int4)));
+      CK(cudaMalloc(&res, 8));
+      CK(cudaMemcpy(sizes, hs.data(), sh.g * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(tl, tiles.data(), tiles.size() * sizeof(int4), cudaMemcpyHostToDevice));
+      fill_random<<<1024, 256>>>(x, (size_t)m * sh.k, 1u);
+      fill_random<<<1024, 256>>>(w, (size_t)sh.g * sh.k * sh.n, 2u);
+      GmmArgs a;
+      a.lhs = x, a.rhs = w, a.out = o_lib, a.group_sizes = sizes, a.group_offset = nullptr;
+      a.table = nullptr, a.counter = counter;
+      a.m = m, a.k = sh.k, a.n = sh.n, a.num_groups = sh.g, a.num_local_groups = sh.g;
+      a.in_dtype = SL_DTYPE_BF16, a.out_dtype = SL_DTYPE_BF16, a.transpose_rhs = 0;
+      const uint64_t da[2] = {(uint64_t)sh.k, (uint64_t)m}, sa[1] = {(uint64_t)sh.k * 2};
+      const uint32_t boxa[2] = {64, 256}, boxa64[2] = {64, 64};
+      const uint64_t db[4] = {64, (uint64_t)sh.k, (uint64_t)sh.n / 64, (uint64_t)sh.g};
+      const uint64_t sb[3] = {(uint64_t)sh.n * 2, 128, (uint64_t)sh.k * sh.n * 2};
+      const uint32_t boxb[4] = {64, 64, 2, 1};
+      const uint64_t dc[2] = {(uint64_t)sh.n, (uint64_t)m}, sc[1] = {(uint64_t)sh.n * 2};
+      const uint32_t boxc[2] = {64, 64};
+      CUtensorMap ma, ma64, mb, mc;
+      if (!make_map(&ma, x, SL_DTYPE_BF16, 2, da, sa, boxa) ||
+          !make_map(&ma64, x, SL_DTYPE_BF16, 2, da, sa, boxa64) ||
+          !make_map(&mb, w, SL_DTYPE_BF16, 4, db, sb, boxb) ||
+          !make_map(&mc, o_t2, SL_DTYPE_BF16, 2, dc, sc, boxc)) {
+        fprintf(stderr, "tensor maps failed\n");
+        exit(1);
+      }
+      const int units = (int)tiles.size();
+      const int skip = getenv("T2R_NOSKIP") ? 0 : 1;
+      auto run = [&](bool lib) {
+        if (lib) {
+          if (sm90_gmm_launch(a, false, sms, 0, -1) != SL_STATUS_SUCCESS) {
+            fprintf(stderr, "library gmm failed\n");
+            exit(1);
+          }
+        } else {
+          t2::t2r_kernel<<<std::min(sms, units), 384, t2::smem_of(4)>>>(ma, ma64, mb, mc, tl, units,
+                                                                       sh.k, sh.n, o_t2, skip);
+        }
+      };
+      run(true);
+      run(false);
+      CK(cudaGetLastError());
+      CK(cudaDeviceSynchronize());
+      CK(cudaMemset(res, 0, 8));
+      max_diff<<<1024, 256>>>(o_t2, o_lib, (size_t)m * sh.n, res);
+      float hr[2];
+      CK(cudaMemcpy(hr, res, 8, cudaMemcpyDeviceToHost));
+      cudaEvent_t e0, e1;
+      CK(cudaEventCreate(&e0));
+      CK(cudaEventCreate(&e1));
+      std::vector<float> tlib, tt2;
+      for (int r = 0; r < reps + 2; ++r)
+        for (int v = 0; v < 2; ++v) {
+          const bool lib = (r + v) % 2 == 0;
+          CK(cudaEventRecord(e0));
+          run(lib);
+          CK(cudaEventRecord(e1));
+          CK(cudaEventSynchronize(e1));
+          float ms;
+          CK(cudaEventElapsedTime(&ms, e0, e1));
+          if (r >= 2) (lib ? tlib : tt2).push_back(ms);
+        }
+      std::sort(tlib.begin(), tlib.end());
+      std::sort(tt2.begin(), tt2.end());
+      const float ml = tlib[tlib.size() / 2], mt = tt2[tt2.size() / 2];
+      const double fl = 2.0 * m * sh.k * sh.n;
+      printf("%-16s %-8s %6d %6d %9.1f %9.1f %6.3fx %10.2e\n", sh.name, dist, units, edges,
+             fl / ml / 1e9, fl / mt / 1e9, ml / mt, hr[0] / hr[1]);
+      cudaFree(x), cudaFree(w), cudaFree(o_lib), cudaFree(o_t2), cudaFree(sizes),
+          cudaFree(counter), cudaFree(tl), cudaFree(res);
+      cudaEventDestroy(e0), cudaEventDestroy(e1);
+    }
+  }
+}
+
+/* The implementations timed in turn: the library's gmm (V_TM), the probe at 3 and 4 stages, the
+ * probe's 2-CTA A-multicast variant, and cuBLAS's batched product over the same equal groups
+ * (torch.bmm's call: cublasGemmStridedBatchedEx, 32 MiB of workspace as torch gives it). */
+enum { I_LIB, I_T23, I_T24, I_MC, I_CUBLAS, N_IMPL };
+static const char *kImplName[N_IMPL] = {"lib", "t2-3stg", "t2-4stg", "t2-4stg-mc", "cublas-bmm"};
+
 int main() {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -201,30 +552,58 @@ int main() {
   } shapes[] = {{"dsv3-down-ep8", 32, 1024, 2048, 7168},
                 {"dsv3-gateup-ep8", 32, 1024, 7168, 4096},
                 {"mixtral-up", 8, 2048, 4096, 14336}};
-  CK(cudaFuncSetAttribute(t2::t2_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CK(cudaFuncSetAttribute(t2::t2_kernel<3, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           (int)t2::smem_of(3)));
-  CK(cudaFuncSetAttribute(t2::t2_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CK(cudaFuncSetAttribute(t2::t2_kernel<4, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           (int)t2::smem_of(4)));
-  /* T2_STAGES=3|4, T2_SHAPE=<substring>, T2_REPS=n narrow a run (for a profiler) */
-  const int only_stg = getenv("T2_STAGES") ? atoi(getenv("T2_STAGES")) : 0;
+  CK(cudaFuncSetAttribute(t2::t2_kernel<4, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          (int)t2::smem_of(4)));
+  /* the multicast kernel's grid: as many 2-CTA clusters as fit at once (a cluster's SMs share a
+   * GPC), at most half the SMs */
+  cudaLaunchConfig_t mc_cfg = {};
+  cudaLaunchAttribute mc_attr[1];
+  mc_attr[0].id = cudaLaunchAttributeClusterDimension;
+  mc_attr[0].val.clusterDim.x = 2, mc_attr[0].val.clusterDim.y = 1, mc_attr[0].val.clusterDim.z = 1;
+  mc_cfg.blockDim = dim3(384);
+  mc_cfg.dynamicSmemBytes = t2::smem_of(4);
+  mc_cfg.attrs = mc_attr;
+  mc_cfg.numAttrs = 1;
+  mc_cfg.gridDim = dim3(2 * (sms / 2));
+  int max_clusters = 0;
+  CK(cudaOccupancyMaxActiveClusters(&max_clusters, t2::t2_kernel<4, true>, &mc_cfg));
+  const int ncl = std::min(max_clusters, sms / 2);
+  mc_cfg.gridDim = dim3(2 * ncl);
+  printf("%d SMs; 2-CTA clusters co-resident: %d (grid %d)\n", sms, max_clusters, 2 * ncl);
+  cublasHandle_t cub;
+  CKB(cublasCreate(&cub));
+  void *cub_ws;
+  CK(cudaMalloc(&cub_ws, 32u << 20));
+  CKB(cublasSetWorkspace(cub, cub_ws, 32u << 20));
+  /* T2_SHAPE=<substring>, T2_REPS=n, T2_IMPLS=<comma list of names> narrow a run (a profiler) */
   const char *only_shape = getenv("T2_SHAPE");
+  const char *only_impls = getenv("T2_IMPLS");
   const int reps = getenv("T2_REPS") ? atoi(getenv("T2_REPS")) : 25;
-  for (int stg = 3; stg <= 4; ++stg) {
-  if (only_stg && stg != only_stg) continue;
-  printf("%d stages (%zu bytes of shared memory)\n", stg, t2::smem_of(stg));
-  printf("%-16s %10s %10s %9s %9s %7s %10s\n", "shape", "lib ms", "t2 ms", "lib TF/s", "t2 TF/s",
-         "t2/lib", "rel diff");
+  bool on[N_IMPL];
+  for (int i = 0; i < N_IMPL; ++i) on[i] = !only_impls || strstr(only_impls, kImplName[i]);
+  on[I_LIB] = true; /* the reference of every check */
+  printf("smem: 3 stages %zu B, 4 stages %zu B\n", t2::smem_of(3), t2::smem_of(4));
+  printf("%-16s", "shape");
+  for (int i = 0; i < N_IMPL; ++i)
+    if (on[i]) printf(" %12s", kImplName[i]);
+  printf("   (TFLOP/s, median; then x of lib; rel diff vs lib)\n");
   for (const Sh &sh : shapes) {
-    if (only_shape && !strstr(sh.name, only_shape)) continue;
+    if ((only_shape && !strstr(sh.name, only_shape)) || getenv("T2_NOEQUAL")) continue;
     const int m = sh.g * sh.rows;
-    __nv_bfloat16 *x, *w, *o_lib, *o_t2;
+    __nv_bfloat16 *x, *w, *o[N_IMPL];
     int32_t *sizes;
     int *counter;
     float *res;
     CK(cudaMalloc(&x, (size_t)m * sh.k * 2));
     CK(cudaMalloc(&w, (size_t)sh.g * sh.k * sh.n * 2));
-    CK(cudaMalloc(&o_lib, (size_t)m * sh.n * 2));
-    CK(cudaMalloc(&o_t2, (size_t)m * sh.n * 2));
+    for (int i = 0; i < N_IMPL; ++i) {
+      CK(cudaMalloc(&o[i], (size_t)m * sh.n * 2));
+      CK(cudaMemset(o[i], 0xff, (size_t)m * sh.n * 2)); /* poisoned: NaN */
+    }
     CK(cudaMalloc(&sizes, sh.g * 4));
     CK(cudaMalloc(&counter, 4));
     CK(cudaMalloc(&res, 8));
@@ -232,70 +611,106 @@ int main() {
     CK(cudaMemcpy(sizes, hs.data(), sh.g * 4, cudaMemcpyHostToDevice));
     fill_random<<<1024, 256>>>(x, (size_t)m * sh.k, 1u);
     fill_random<<<1024, 256>>>(w, (size_t)sh.g * sh.k * sh.n, 2u);
-    CK(cudaMemset(o_t2, 0xff, (size_t)m * sh.n * 2)); /* poisoned: NaN */
     GmmArgs a;
-    a.lhs = x, a.rhs = w, a.out = o_lib, a.group_sizes = sizes, a.group_offset = nullptr;
+    a.lhs = x, a.rhs = w, a.out = o[I_LIB], a.group_sizes = sizes, a.group_offset = nullptr;
     a.table = nullptr, a.counter = counter;
     a.m = m, a.k = sh.k, a.n = sh.n, a.num_groups = sh.g, a.num_local_groups = sh.g;
     a.in_dtype = SL_DTYPE_BF16, a.out_dtype = SL_DTYPE_BF16, a.transpose_rhs = 0;
-    CUtensorMap ma, mb, mc;
     const uint64_t da[2] = {(uint64_t)sh.k, (uint64_t)m}, sa[1] = {(uint64_t)sh.k * 2};
-    const uint32_t boxa[2] = {64, 256};
+    const uint32_t boxa[2] = {64, 256}, boxa_half[2] = {64, 128};
     const uint64_t db[4] = {64, (uint64_t)sh.k, (uint64_t)sh.n / 64, (uint64_t)sh.g};
     const uint64_t sb[3] = {(uint64_t)sh.n * 2, 128, (uint64_t)sh.k * sh.n * 2};
     const uint32_t boxb[4] = {64, 64, 2, 1};
     const uint64_t dc[2] = {(uint64_t)sh.n, (uint64_t)m}, sc[1] = {(uint64_t)sh.n * 2};
     const uint32_t boxc[2] = {64, 64};
-    if (!make_map(&ma, x, SL_DTYPE_BF16, 2, da, sa, boxa) ||
-        !make_map(&mb, w, SL_DTYPE_BF16, 4, db, sb, boxb) ||
-        !make_map(&mc, o_t2, SL_DTYPE_BF16, 2, dc, sc, boxc)) {
+    CUtensorMap ma, ma_half, mb, mc[N_IMPL];
+    bool ok = make_map(&ma, x, SL_DTYPE_BF16, 2, da, sa, boxa) &&
+              make_map(&ma_half, x, SL_DTYPE_BF16, 2, da, sa, boxa_half) &&
+              make_map(&mb, w, SL_DTYPE_BF16, 4, db, sb, boxb);
+    for (int i = I_T23; i <= I_MC; ++i)
+      ok = ok && make_map(&mc[i], o[i], SL_DTYPE_BF16, 2, dc, sc, boxc);
+    if (!ok) {
       fprintf(stderr, "tensor maps failed\n");
       return 1;
     }
-    auto run_lib = [&]() {
-      if (sm90_gmm_launch(a, false, sms, 0, -1) != SL_STATUS_SUCCESS) {
-        fprintf(stderr, "library gmm failed\n");
-        exit(1);
+    const float one = 1.f, zero = 0.f;
+    auto run = [&](int i) {
+      switch (i) {
+        case I_LIB:
+          if (sm90_gmm_launch(a, false, sms, 0, -1) != SL_STATUS_SUCCESS) {
+            fprintf(stderr, "library gmm failed\n");
+            exit(1);
+          }
+          break;
+        case I_T23:
+          t2::t2_kernel<3, false><<<sms, 384, t2::smem_of(3)>>>(ma, mb, mc[i], sh.rows, sh.k, sh.n,
+                                                                sh.g);
+          break;
+        case I_T24:
+          t2::t2_kernel<4, false><<<sms, 384, t2::smem_of(4)>>>(ma, mb, mc[i], sh.rows, sh.k, sh.n,
+                                                                sh.g);
+          break;
+        case I_MC:
+          CK(cudaLaunchKernelEx(&mc_cfg, t2::t2_kernel<4, true>, ma_half, mb, mc[i], sh.rows, sh.k,
+                                sh.n, sh.g));
+          break;
+        case I_CUBLAS: /* column-major: out^T [n, rows] = w^T [n, k] x^T [k, rows], per group */
+          CKB(cublasGemmStridedBatchedEx(cub, CUBLAS_OP_N, CUBLAS_OP_N, sh.n, sh.rows, sh.k, &one, w,
+                                         CUDA_R_16BF, sh.n, (long long)sh.k * sh.n, x, CUDA_R_16BF,
+                                         sh.k, (long long)sh.rows * sh.k, &zero, o[i], CUDA_R_16BF,
+                                         sh.n, (long long)sh.rows * sh.n, sh.g, CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT));
+          break;
       }
     };
-    auto run_t2 = [&]() {
-      if (stg == 3)
-        t2::t2_kernel<3><<<sms, 384, t2::smem_of(3)>>>(ma, mb, mc, sh.rows, sh.k, sh.n, sh.g);
-      else
-        t2::t2_kernel<4><<<sms, 384, t2::smem_of(4)>>>(ma, mb, mc, sh.rows, sh.k, sh.n, sh.g);
-    };
-    run_lib();
-    run_t2();
+    for (int i = 0; i < N_IMPL; ++i)
+      if (on[i]) run(i);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
-    CK(cudaMemset(res, 0, 8));
-    max_diff<<<1024, 256>>>(o_t2, o_lib, (size_t)m * sh.n, res);
-    float hr[2];
-    CK(cudaMemcpy(hr, res, 8, cudaMemcpyDeviceToHost));
+    float rel[N_IMPL] = {0};
+    for (int i = 1; i < N_IMPL; ++i) {
+      if (!on[i]) continue;
+      CK(cudaMemset(res, 0, 8));
+      max_diff<<<1024, 256>>>(o[i], o[I_LIB], (size_t)m * sh.n, res);
+      float hr[2];
+      CK(cudaMemcpy(hr, res, 8, cudaMemcpyDeviceToHost));
+      rel[i] = hr[0] / hr[1];
+    }
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    std::vector<float> tl, tt;
+    std::vector<int> order;
+    for (int i = 0; i < N_IMPL; ++i)
+      if (on[i]) order.push_back(i);
+    const int nimpl = (int)order.size();
+    std::vector<float> t[N_IMPL];
     for (int r = 0; r < reps + 2; ++r)
-      for (int v = 0; v < 2; ++v) {
-        const bool lib = (r + v) % 2 == 0; /* alternate which goes first */
+      for (int v = 0; v < nimpl; ++v) { /* the order rotates by one every round */
+        const int i = order[(r + v) % nimpl];
         CK(cudaEventRecord(e0));
-        lib ? run_lib() : run_t2();
+        run(i);
         CK(cudaEventRecord(e1));
         CK(cudaEventSynchronize(e1));
         float ms;
         CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r >= 2) (lib ? tl : tt).push_back(ms);
+        if (r >= 2) t[i].push_back(ms);
       }
-    std::sort(tl.begin(), tl.end());
-    std::sort(tt.begin(), tt.end());
-    const float ml = tl[tl.size() / 2], mt = tt[tt.size() / 2];
     const double fl = 2.0 * m * sh.k * sh.n;
-    printf("%-16s %10.3f %10.3f %9.1f %9.1f %6.3fx %10.2e\n", sh.name, ml, mt, fl / ml / 1e9,
-           fl / mt / 1e9, ml / mt, hr[0] / hr[1]);
-    cudaFree(x), cudaFree(w), cudaFree(o_lib), cudaFree(o_t2), cudaFree(sizes), cudaFree(counter),
-        cudaFree(res);
+    double med[N_IMPL];
+    printf("%-16s", sh.name);
+    for (int i : order) {
+      std::sort(t[i].begin(), t[i].end());
+      med[i] = t[i][t[i].size() / 2];
+      printf(" %12.1f", fl / med[i] / 1e9);
+    }
+    printf("\n%-16s", "");
+    for (int i : order) printf(" %11.3fx", med[I_LIB] / med[i]);
+    printf("\n%-16s", "");
+    for (int i : order) printf(" %12.2e", rel[i]);
+    printf("\n");
+    cudaFree(x), cudaFree(w), cudaFree(sizes), cudaFree(counter), cudaFree(res);
+    for (int i = 0; i < N_IMPL; ++i) cudaFree(o[i]);
   }
-  }
+  if (const char *dir = getenv("T2_SIZES_DIR")) ragged(dir, sms, only_shape, reps);
   return 0;
 }
