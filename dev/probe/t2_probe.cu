@@ -37,8 +37,6 @@
 #include <cublas_v2.h>
 #include <string.h>
 
-#include <type_traits>
-
 #define CKB(x)                                                      \
   do {                                                              \
     cublasStatus_t s_ = (x);                                        \
@@ -63,6 +61,63 @@ constexpr size_t smem_of(int stg) { return 1024 + (size_t)stg * SB + cb_of(stg) 
 
 
 /* rows: every group's (a multiple of TM); tiles: G x (rows / TM) x (N / TN), row tiles innermost */
+#ifdef SLUICE_SM90A_DEVICE
+/* One tile's k-blocks for a consumer warpgroup, NA (0, 1, 2) of its two m64n128 accumulators in use
+ * (a compile-time choice: a wgmma on a divergent path makes ptxas serialize them all, C7520), on A
+ * slabs sl0 and sl1 (64 rows, 8 KB each, from the stage's start) and the stage's B (two 64x64
+ * boxes, N-major). One k-block of wgmmas in flight (wait_group 1), a stage released (`release`)
+ * once the block after it is waited for; the last block committed as two groups, sl0's first, so
+ * that its rows can be staged while sl1's drain. Leaves both groups of the last block in flight
+ * and its stage (s) held. */
+template <int NA, int STG, class Release>
+__device__ __forceinline__ void t2_kloop(float (&acc0)[64], float (&acc1)[64], int sl0, int sl1,
+                                         int nk, uint32_t stage0, uint32_t full0, int &s,
+                                         uint32_t &phase, Release release) {
+  auto da_of = [&](uint32_t sa, int slab, int kk) {
+    return make_desc(sa + slab * 64 * 128 + kk * 32, 16, 1024);
+  };
+  auto db_of = [&](uint32_t sa, int kk) {
+    return make_desc(sa + A_BYTES2 + kk * 2048, BOX_BYTES, 1024);
+  };
+  int sd = 0;
+  for (int kb = 0; kb < nk - 1; ++kb) {
+    mbar_wait(full0 + 8 * s, phase);
+    const uint32_t sa = stage0 + s * SB;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t db = db_of(sa, kk);
+      if constexpr (NA >= 1)
+        wgmma_m64n128k16_bf16<0, 1>(acc0, da_of(sa, sl0, kk), db, kk == 0 ? sd : 1);
+      if constexpr (NA == 2)
+        wgmma_m64n128k16_bf16<0, 1>(acc1, da_of(sa, sl1, kk), db, kk == 0 ? sd : 1);
+    }
+    sd = 1;
+    wgmma_commit();
+    wgmma_wait1();
+    fence64(acc0);
+    fence64(acc1);
+    if (kb > 0) release(s == 0 ? STG - 1 : s - 1);
+    if (++s == STG) s = 0, phase ^= 1;
+  }
+  mbar_wait(full0 + 8 * s, phase);
+  const uint32_t sa = stage0 + s * SB;
+  wgmma_fence();
+  if constexpr (NA >= 1) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_m64n128k16_bf16<0, 1>(acc0, da_of(sa, sl0, kk), db_of(sa, kk), kk == 0 ? sd : 1);
+  }
+  wgmma_commit();
+  if constexpr (NA == 2) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_m64n128k16_bf16<0, 1>(acc1, da_of(sa, sl1, kk), db_of(sa, kk), kk == 0 ? sd : 1);
+  }
+  wgmma_commit();
+}
+#endif
+
 /* MC (4 stages only): on 2-CTA clusters, as cuBLAS's 256x128 1x2 kernel. The pair takes two
  * tiles side by side along N (the same 256 rows of A, two 128-column blocks; N / 128 is even on
  * every shape, so no pair needs a dummy); each CTA loads 128 of the 256 A rows multicast to both
@@ -140,49 +195,12 @@ __global__ void __launch_bounds__(384, 1)
       if constexpr (MC) mbar_arrive_cluster(mapa_shared(empty0 + 8 * st, rank ^ 1));
     }
   };
-  /* A: 256 rows of 128 bytes (8 KB a 64-row slice); B: two 64x64 boxes (N-major) */
-  auto da_of = [&](uint32_t sa, int slice, int kk) {
-    return make_desc(sa + slice * 64 * 128 + kk * 32, 16, 1024);
-  };
-  auto db_of = [&](uint32_t sa, int kk) {
-    return make_desc(sa + A_BYTES2 + kk * 2048, BOX_BYTES, 1024);
-  };
   const uint32_t cbase = c_smem + cw * (CB / 2); /* this warpgroup's 128 rows: two 16 KB halves */
   for (int t = first; t < units; t += stride) {
     int m0, n0, g;
     decode(t, m0, n0, g);
-    int sd = 0;
-    for (int kb = 0; kb < nk - 1; ++kb) {
-      mbar_wait(full0 + 8 * s, phase);
-      const uint32_t sa = stage0 + s * SB;
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const uint64_t db = db_of(sa, kk);
-        wgmma_m64n128k16_bf16<0, 1>(acc0, da_of(sa, 2 * cw, kk), db, kk == 0 ? sd : 1);
-        wgmma_m64n128k16_bf16<0, 1>(acc1, da_of(sa, 2 * cw + 1, kk), db, kk == 0 ? sd : 1);
-      }
-      sd = 1;
-      wgmma_commit();
-      wgmma_wait1();
-      fence64(acc0);
-      fence64(acc1);
-      if (kb > 0) release(s == 0 ? STG - 1 : s - 1);
-      if (++s == STG) s = 0, phase ^= 1;
-    }
-    /* the last k-block: rows 0-63 of the warpgroup first, then 64-127, two commit groups */
-    mbar_wait(full0 + 8 * s, phase);
-    const uint32_t sa = stage0 + s * SB;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      wgmma_m64n128k16_bf16<0, 1>(acc0, da_of(sa, 2 * cw, kk), db_of(sa, kk), kk == 0 ? sd : 1);
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      wgmma_m64n128k16_bf16<0, 1>(acc1, da_of(sa, 2 * cw + 1, kk), db_of(sa, kk),
-                                  kk == 0 ? sd : 1);
-    wgmma_commit();
+    /* rows 0-63 of the warpgroup (slab 2 cw) first, then 64-127 */
+    t2_kloop<2, STG>(acc0, acc1, 2 * cw, 2 * cw + 1, nk, stage0, full0, s, phase, release);
     wgmma_wait1(); /* the block before and the first half of this one are done */
     fence64(acc0);
     if (nk > 1) release(s == 0 ? STG - 1 : s - 1);
@@ -283,65 +301,18 @@ __global__ void __launch_bounds__(384, 1)
   auto release = [&](int st) {
     if (lane == 0) mbar_arrive(empty0 + 8 * st);
   };
-  auto da_of = [&](uint32_t sa, int slab, int kk) {
-    return make_desc(sa + slab * SLAB + kk * 32, 16, 1024);
-  };
-  auto db_of = [&](uint32_t sa, int kk) {
-    return make_desc(sa + A_BYTES2 + kk * 2048, BOX_BYTES, 1024);
-  };
   const uint32_t cbase = c_smem + cw * (CB / 2); /* this warpgroup's 16 KB of staging */
-  /* one tile's k-blocks with NA (0, 1, 2) accumulators of this warpgroup in use: a tile-level
-   * choice, so that no wgmma sits on a divergent path (ptxas would serialize them all, C7520) */
-  auto mainloop = [&](auto na_c) {
-    constexpr int NA = decltype(na_c)::value;
-    int sd = 0;
-    for (int kb = 0; kb < nk - 1; ++kb) {
-      mbar_wait(full0 + 8 * s, phase);
-      const uint32_t sa = stage0 + s * SB;
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const uint64_t db = db_of(sa, kk);
-        if constexpr (NA >= 1)
-          wgmma_m64n128k16_bf16<0, 1>(acc0, da_of(sa, cw, kk), db, kk == 0 ? sd : 1);
-        if constexpr (NA == 2)
-          wgmma_m64n128k16_bf16<0, 1>(acc1, da_of(sa, cw + 2, kk), db, kk == 0 ? sd : 1);
-      }
-      sd = 1;
-      wgmma_commit();
-      wgmma_wait1();
-      fence64(acc0);
-      fence64(acc1);
-      if (kb > 0) release(s == 0 ? STG - 1 : s - 1);
-      if (++s == STG) s = 0, phase ^= 1;
-    }
-    /* the last k-block: slab cw first, then slab cw + 2, two commit groups */
-    mbar_wait(full0 + 8 * s, phase);
-    const uint32_t sa = stage0 + s * SB;
-    wgmma_fence();
-    if constexpr (NA >= 1) {
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        wgmma_m64n128k16_bf16<0, 1>(acc0, da_of(sa, cw, kk), db_of(sa, kk), kk == 0 ? sd : 1);
-    }
-    wgmma_commit();
-    if constexpr (NA == 2) {
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        wgmma_m64n128k16_bf16<0, 1>(acc1, da_of(sa, cw + 2, kk), db_of(sa, kk), kk == 0 ? sd : 1);
-    }
-    wgmma_commit();
-  };
   for (int t = blockIdx.x; t < units; t += gridDim.x) {
     const int4 v = tl[t];
     const int m0 = v.x, n0 = v.y, rows = v.z, slabs = skip ? (rows + 63) / 64 : 4;
     const bool act0 = cw < slabs, act1 = cw + 2 < slabs;
+    /* slabs cw and cw + 2; the choice per tile, not per k-block */
     if (act1)
-      mainloop(std::integral_constant<int, 2>());
+      t2_kloop<2, STG>(acc0, acc1, cw, cw + 2, nk, stage0, full0, s, phase, release);
     else if (act0)
-      mainloop(std::integral_constant<int, 1>());
+      t2_kloop<1, STG>(acc0, acc1, cw, cw + 2, nk, stage0, full0, s, phase, release);
     else
-      mainloop(std::integral_constant<int, 0>());
+      t2_kloop<0, STG>(acc0, acc1, cw, cw + 2, nk, stage0, full0, s, phase, release);
     if (rows < TM) { /* an edge tile: every slab of this warpgroup from registers, masked */
       wgmma_wait0();
       fence64(acc0);
