@@ -53,6 +53,7 @@ using namespace sluice_cuda::sm90;
 namespace t2 {
 constexpr int TM = 256, TN = 128, KB = 64;
 constexpr int A_BYTES2 = TM * KB * 2, SB = A_BYTES2 + TN * KB * 2; /* 32 + 16 KB a stage */
+constexpr int SLAB = 64 * KB * 2; /* 8 KB: 64 rows of A */
 /* 3 stages: the whole 256x128 output tile staged (64 KB); 4 stages: each warpgroup stages its
  * 128 rows in two 64-row passes through 16 KB (32 KB in all), the second after the first's store
  * has read the buffer */
@@ -63,21 +64,20 @@ constexpr size_t smem_of(int stg) { return 1024 + (size_t)stg * SB + cb_of(stg) 
 /* rows: every group's (a multiple of TM); tiles: G x (rows / TM) x (N / TN), row tiles innermost */
 #ifdef SLUICE_SM90A_DEVICE
 /* One tile's k-blocks for a consumer warpgroup, NA (0, 1, 2) of its two m64n128 accumulators in use
- * (a compile-time choice: a wgmma on a divergent path makes ptxas serialize them all, C7520), on A
- * slabs sl0 and sl1 (64 rows, 8 KB each, from the stage's start) and the stage's B (two 64x64
- * boxes, N-major). One k-block of wgmmas in flight (wait_group 1), a stage released (`release`)
- * once the block after it is waited for; the last block committed as two groups, sl0's first, so
- * that its rows can be staged while sl1's drain. Leaves both groups of the last block in flight
+ * (a compile-time choice: a wgmma on a divergent path makes ptxas serialize them all, C7520). One k-block of wgmmas in flight (wait_group 1), a stage released (`release`)
+ * once the block after it is waited for; the last block committed as two groups, acc0's first, so
+ * that it can be staged while acc1's drain. Leaves both groups of the last block in flight
  * and its stage (s) held. */
 template <int NA, int STG, class Release>
-__device__ __forceinline__ void t2_kloop(float (&acc0)[64], float (&acc1)[64], int sl0, int sl1,
-                                         int nk, uint32_t stage0, uint32_t full0, int &s,
-                                         uint32_t &phase, Release release) {
-  auto da_of = [&](uint32_t sa, int slab, int kk) {
-    return make_desc(sa + slab * 64 * 128 + kk * 32, 16, 1024);
-  };
-  auto db_of = [&](uint32_t sa, int kk) {
-    return make_desc(sa + A_BYTES2 + kk * 2048, BOX_BYTES, 1024);
+__device__ __forceinline__ void t2_kloop(float (&acc0)[64], float (&acc1)[64], uint32_t a0,
+                                         uint32_t a1, uint32_t b0, uint32_t b1, int nk,
+                                         uint32_t stage0, uint32_t full0, int &s, uint32_t &phase,
+                                         Release release) {
+  /* a0, a1: the accumulators' 64 A rows (K-major, 128B rows); b0, b1: their 128 columns of B (two
+   * 64x64 N-major boxes); byte offsets in the stage */
+  auto da_of = [&](uint32_t sa, uint32_t off, int kk) { return make_desc(sa + off + kk * 32, 16, 1024); };
+  auto db_of = [&](uint32_t sa, uint32_t off, int kk) {
+    return make_desc(sa + off + kk * 2048, BOX_BYTES, 1024);
   };
   int sd = 0;
   for (int kb = 0; kb < nk - 1; ++kb) {
@@ -86,11 +86,10 @@ __device__ __forceinline__ void t2_kloop(float (&acc0)[64], float (&acc1)[64], i
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      const uint64_t db = db_of(sa, kk);
       if constexpr (NA >= 1)
-        wgmma_m64n128k16_bf16<0, 1>(acc0, da_of(sa, sl0, kk), db, kk == 0 ? sd : 1);
+        wgmma_m64n128k16_bf16<0, 1>(acc0, da_of(sa, a0, kk), db_of(sa, b0, kk), kk == 0 ? sd : 1);
       if constexpr (NA == 2)
-        wgmma_m64n128k16_bf16<0, 1>(acc1, da_of(sa, sl1, kk), db, kk == 0 ? sd : 1);
+        wgmma_m64n128k16_bf16<0, 1>(acc1, da_of(sa, a1, kk), db_of(sa, b1, kk), kk == 0 ? sd : 1);
     }
     sd = 1;
     wgmma_commit();
@@ -106,13 +105,13 @@ __device__ __forceinline__ void t2_kloop(float (&acc0)[64], float (&acc1)[64], i
   if constexpr (NA >= 1) {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-      wgmma_m64n128k16_bf16<0, 1>(acc0, da_of(sa, sl0, kk), db_of(sa, kk), kk == 0 ? sd : 1);
+      wgmma_m64n128k16_bf16<0, 1>(acc0, da_of(sa, a0, kk), db_of(sa, b0, kk), kk == 0 ? sd : 1);
   }
   wgmma_commit();
   if constexpr (NA == 2) {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-      wgmma_m64n128k16_bf16<0, 1>(acc1, da_of(sa, sl1, kk), db_of(sa, kk), kk == 0 ? sd : 1);
+      wgmma_m64n128k16_bf16<0, 1>(acc1, da_of(sa, a1, kk), db_of(sa, b1, kk), kk == 0 ? sd : 1);
   }
   wgmma_commit();
 }
@@ -200,7 +199,8 @@ __global__ void __launch_bounds__(384, 1)
     int m0, n0, g;
     decode(t, m0, n0, g);
     /* rows 0-63 of the warpgroup (slab 2 cw) first, then 64-127 */
-    t2_kloop<2, STG>(acc0, acc1, 2 * cw, 2 * cw + 1, nk, stage0, full0, s, phase, release);
+    t2_kloop<2, STG>(acc0, acc1, 2 * cw * SLAB, (2 * cw + 1) * SLAB, A_BYTES2, A_BYTES2, nk, stage0,
+                     full0, s, phase, release);
     wgmma_wait1(); /* the block before and the first half of this one are done */
     fence64(acc0);
     if (nk > 1) release(s == 0 ? STG - 1 : s - 1);
@@ -243,21 +243,30 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-/* Ragged groups (session 42): the 4-stage tile on the benchmark's own group sizes, tiles from a
+/* Ragged groups (session 42): the 4-stage schedule on the benchmark's own group sizes, tiles from a
  * host-built list {m0, n0, rows, group} (a group's tiles column block by column block, its row
- * tiles innermost, as above). A group's last row tile of r < 256 rows computes only its
- * ceil(r / 64) 64-row slabs: the producer loads those slabs of A as 64-row boxes (map_a64) with the
- * whole B strip, and the consumers issue only their slabs' wgmmas. The slabs are interleaved over
- * the warpgroups (warpgroup w: slabs w and w + 2), so a 2-slab edge keeps both busy. Full tiles
- * leave as in t2_kernel<4> (staged, TMA-stored, the first half while the second drains); an edge
- * tile's slabs leave from registers, masked at the group's end. */
+ * tiles innermost, as above), in two geometries with the same stage (48 KB), staging (32 KB) and
+ * per-warpgroup accumulators (two m64n128):
+ *   WIDE = false: 256x128 tiles (t2_kernel's): warpgroup w holds A slabs w and w + 2 (interleaved,
+ *     so that a 2-slab edge keeps both busy) against the whole 128-column B;
+ *   WIDE = true: 128x256 tiles (the library's geometry): warpgroup w holds slab w against columns
+ *     0-127 (acc0) and 128-255 (acc1): the split drain by column halves, and a <= 64-row edge is
+ *     one warpgroup with two independent accumulator chains.
+ * A group's last row tile of r rows computes only its ceil(r / 64) slabs (skip; else all): the
+ * producer loads those slabs as 64-row boxes (map_a64) with the whole B strip. Full tiles leave
+ * staged and TMA-stored, acc0 while acc1 drains; an edge tile from registers, masked at the
+ * group's end. */
+template <bool WIDE>
 __global__ void __launch_bounds__(384, 1)
     t2r_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_a64,
                const __grid_constant__ CUtensorMap map_b, const __grid_constant__ CUtensorMap map_c,
                const int4 *__restrict__ tl, int units, int k, int n, __nv_bfloat16 *out,
                int skip) {
 #ifdef SLUICE_SM90A_DEVICE
-  constexpr int STG = 4, CB = cb_of(STG), SLAB = 64 * KB * 2; /* 8 KB: 64 rows of A */
+  constexpr int STG = 4, CB = cb_of(STG);
+  constexpr int TMV = WIDE ? 128 : TM, TNV = WIDE ? 256 : TN, MAXS = TMV / 64;
+  constexpr int AB = TMV * KB * 2; /* a stage's A bytes; B follows */
+  static_assert(AB + TNV * KB * 2 == SB, "both geometries fill the same 48 KB stage");
   extern __shared__ unsigned char smem_raw[];
   unsigned char *base = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t stage0 = smem_u32(base), c_smem = stage0 + STG * SB;
@@ -276,17 +285,17 @@ __global__ void __launch_bounds__(384, 1)
       uint32_t phase = 0;
       for (int t = blockIdx.x; t < units; t += gridDim.x) {
         const int4 v = tl[t];
-        const int slabs = skip ? (v.z + 63) / 64 : 4;
+        const int slabs = skip ? (v.z + 63) / 64 : MAXS;
         for (int kb = 0; kb < nk; ++kb) {
           mbar_wait(empty0 + 8 * s, phase ^ 1);
           const uint32_t full = full0 + 8 * s, sa = stage0 + s * SB;
-          mbar_expect_tx(full, (slabs == 4 ? A_BYTES2 : slabs * SLAB) + TN * KB * 2);
-          if (slabs == 4)
+          mbar_expect_tx(full, slabs * SLAB + TNV * KB * 2);
+          if (slabs == MAXS)
             tma_load_2d(sa, &map_a, kb * KB, v.x, full);
           else
             for (int sl = 0; sl < slabs; ++sl)
               tma_load_2d(sa + sl * SLAB, &map_a64, kb * KB, v.x + 64 * sl, full);
-          tma_load_4d(sa + A_BYTES2, &map_b, 0, kb * KB, v.y / 64, v.w, full);
+          tma_load_4d(sa + AB, &map_b, 0, kb * KB, v.y / 64, v.w, full);
           if (++s == STG) s = 0, phase ^= 1;
         }
       }
@@ -295,37 +304,40 @@ __global__ void __launch_bounds__(384, 1)
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
   const int cw = wg - 1, lt = threadIdx.x & 127, warp = lt >> 5, lane = lt & 31;
-  float acc0[64], acc1[64]; /* slabs cw and cw + 2 of the tile */
+  float acc0[64], acc1[64];
   int s = 0;
   uint32_t phase = 0;
   auto release = [&](int st) {
     if (lane == 0) mbar_arrive(empty0 + 8 * st);
   };
+  /* each accumulator's A slab and B columns (stage offsets), output rows and columns */
+  const uint32_t a0 = cw * SLAB, a1 = (WIDE ? cw : cw + 2) * SLAB;
+  const uint32_t b0 = AB, b1 = AB + (WIDE ? 2 * BOX_BYTES : 0);
+  const int r0 = 64 * cw, r1 = WIDE ? 64 * cw : 64 * (cw + 2), c1 = WIDE ? 128 : 0;
   const uint32_t cbase = c_smem + cw * (CB / 2); /* this warpgroup's 16 KB of staging */
   for (int t = blockIdx.x; t < units; t += gridDim.x) {
     const int4 v = tl[t];
-    const int m0 = v.x, n0 = v.y, rows = v.z, slabs = skip ? (rows + 63) / 64 : 4;
-    const bool act0 = cw < slabs, act1 = cw + 2 < slabs;
-    /* slabs cw and cw + 2; the choice per tile, not per k-block */
+    const int m0 = v.x, n0 = v.y, rows = v.z, slabs = skip ? (rows + 63) / 64 : MAXS;
+    const bool act0 = cw < slabs, act1 = WIDE ? act0 : cw + 2 < slabs;
+    /* the choice per tile, not per k-block */
     if (act1)
-      t2_kloop<2, STG>(acc0, acc1, cw, cw + 2, nk, stage0, full0, s, phase, release);
+      t2_kloop<2, STG>(acc0, acc1, a0, a1, b0, b1, nk, stage0, full0, s, phase, release);
     else if (act0)
-      t2_kloop<1, STG>(acc0, acc1, cw, cw + 2, nk, stage0, full0, s, phase, release);
+      t2_kloop<1, STG>(acc0, acc1, a0, a1, b0, b1, nk, stage0, full0, s, phase, release);
     else
-      t2_kloop<0, STG>(acc0, acc1, cw, cw + 2, nk, stage0, full0, s, phase, release);
-    if (rows < TM) { /* an edge tile: every slab of this warpgroup from registers, masked */
+      t2_kloop<0, STG>(acc0, acc1, a0, a1, b0, b1, nk, stage0, full0, s, phase, release);
+    if (rows < TMV) { /* an edge tile: this warpgroup's accumulators from registers, masked */
       wgmma_wait0();
       fence64(acc0);
       fence64(acc1);
       if (nk > 1) release(s == 0 ? STG - 1 : s - 1);
       release(s);
       if (++s == STG) s = 0, phase ^= 1;
-      if (act0) store_half_regs(acc0, out, SL_DTYPE_BF16, n, m0 + 64 * cw, n0, m0 + rows, warp, lane);
-      if (act1)
-        store_half_regs(acc1, out, SL_DTYPE_BF16, n, m0 + 64 * (cw + 2), n0, m0 + rows, warp, lane);
+      if (act0) store_half_regs(acc0, out, SL_DTYPE_BF16, n, m0 + r0, n0, m0 + rows, warp, lane);
+      if (act1) store_half_regs(acc1, out, SL_DTYPE_BF16, n, m0 + r1, n0 + c1, m0 + rows, warp, lane);
       continue;
     }
-    wgmma_wait1(); /* the block before and this block's first slab are done */
+    wgmma_wait1(); /* the block before and this block's acc0 are done */
     fence64(acc0);
     if (nk > 1) release(s == 0 ? STG - 1 : s - 1);
     if (lt == 0) bulk_wait_read0(); /* the last store has read the staging buffer */
@@ -334,7 +346,7 @@ __global__ void __launch_bounds__(384, 1)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     named_bar(2 + cw, 128);
     if (lt == 0) {
-      for (int b = 0; b < 2; ++b) tma_store_2d(&map_c, cbase + b * BOX_BYTES, n0 + 64 * b, m0 + 64 * cw);
+      for (int b = 0; b < 2; ++b) tma_store_2d(&map_c, cbase + b * BOX_BYTES, n0 + 64 * b, m0 + r0);
       bulk_commit();
     }
     wgmma_wait0();
@@ -348,7 +360,7 @@ __global__ void __launch_bounds__(384, 1)
     named_bar(2 + cw, 128);
     if (lt == 0) {
       for (int b = 0; b < 2; ++b)
-        tma_store_2d(&map_c, cbase + b * BOX_BYTES, n0 + 64 * b, m0 + 64 * (cw + 2));
+        tma_store_2d(&map_c, cbase + b * BOX_BYTES, n0 + c1 + 64 * b, m0 + r1);
       bulk_commit();
     }
   }
@@ -381,12 +393,16 @@ static void ragged(const char *dir, int sms, const char *only_shape, int reps) {
                 {"dsv3-down-ep8", 32768, 32, 2048, 7168},
                 {"mixtral-up", 16384, 8, 4096, 14336},
                 {"qwen3-30b-up", 65536, 128, 2048, 1536}};
-  CK(cudaFuncSetAttribute(t2::t2r_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CK(cudaFuncSetAttribute(t2::t2r_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           (int)t2::smem_of(4)));
-  printf("\nragged group sizes (bench/shapes.py): lib against t2r (4 stages, %s)\n",
-         getenv("T2R_NOSKIP") ? "edge tiles computed whole" : "slab-skipping edges");
-  printf("%-16s %-8s %6s %6s %9s %9s %7s %10s\n", "shape", "sizes", "tiles", "edges", "lib TF/s",
-         "t2r TF/s", "t2r/lib", "rel diff");
+  CK(cudaFuncSetAttribute(t2::t2r_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          (int)t2::smem_of(4)));
+  const int skip = getenv("T2R_NOSKIP") ? 0 : 1;
+  printf("\nragged group sizes (bench/shapes.py), %s: the library's gmm against the 4-stage schedule on\n"
+         "256x128 tiles (t2r) and on 128x256 tiles (t3r: the split drain by column halves)\n",
+         skip ? "edge tiles compute only their 64-row slabs" : "edge tiles computed whole");
+  printf("%-16s %-8s %9s %9s %9s %8s %8s %9s %9s\n", "shape", "sizes", "lib TF/s", "t2r TF/s",
+         "t3r TF/s", "t2r/lib", "t3r/lib", "t2r diff", "t3r diff");
   for (const Sh &sh : shapes) {
     if (only_shape && !strstr(sh.name, only_shape)) continue;
     for (const char *dist : {"exact", "uniform", "skewed"}) {
@@ -411,98 +427,115 @@ static void ragged(const char *dir, int sms, const char *only_shape, int reps) {
         fprintf(stderr, "%s: sizes sum to %lld, not %d\n", path, sum, sh.m);
         exit(1);
       }
-      std::vector<int4> tiles;
-      int edges = 0;
-      for (int g = 0, gs = 0; g < sh.g; gs += hs[g], ++g)
-        for (int nb = 0; nb < sh.n / t2::TN; ++nb)
-          for (int m0 = gs; m0 < gs + hs[g]; m0 += t2::TM) {
-            const int rows = std::min(t2::TM, gs + hs[g] - m0);
-            edges += rows < t2::TM;
-            tiles.push_back(make_int4(m0, nb * t2::TN, rows, g));
-          }
       const int m = sh.m;
-      __nv_bfloat16 *x, *w, *o_lib, *o_t2;
+      __nv_bfloat16 *x, *w, *o[3];
       int32_t *sizes;
       int *counter;
-      int4 *tl;
       float *res;
       CK(cudaMalloc(&x, (size_t)m * sh.k * 2));
       CK(cudaMalloc(&w, (size_t)sh.g * sh.k * sh.n * 2));
-      CK(cudaMalloc(&o_lib, (size_t)m * sh.n * 2));
-      CK(cudaMalloc(&o_t2, (size_t)m * sh.n * 2));
-      CK(cudaMemset(o_t2, 0xff, (size_t)m * sh.n * 2)); /* poisoned: NaN */
+      for (int i = 0; i < 3; ++i) {
+        CK(cudaMalloc(&o[i], (size_t)m * sh.n * 2));
+        CK(cudaMemset(o[i], 0xff, (size_t)m * sh.n * 2)); /* poisoned: NaN */
+      }
       CK(cudaMalloc(&sizes, sh.g * 4));
       CK(cudaMalloc(&counter, 4));
-      CK(cudaMalloc(&tl, tiles.size() * sizeof(int4)));
       CK(cudaMalloc(&res, 8));
       CK(cudaMemcpy(sizes, hs.data(), sh.g * 4, cudaMemcpyHostToDevice));
-      CK(cudaMemcpy(tl, tiles.data(), tiles.size() * sizeof(int4), cudaMemcpyHostToDevice));
       fill_random<<<1024, 256>>>(x, (size_t)m * sh.k, 1u);
       fill_random<<<1024, 256>>>(w, (size_t)sh.g * sh.k * sh.n, 2u);
       GmmArgs a;
-      a.lhs = x, a.rhs = w, a.out = o_lib, a.group_sizes = sizes, a.group_offset = nullptr;
+      a.lhs = x, a.rhs = w, a.out = o[0], a.group_sizes = sizes, a.group_offset = nullptr;
       a.table = nullptr, a.counter = counter;
       a.m = m, a.k = sh.k, a.n = sh.n, a.num_groups = sh.g, a.num_local_groups = sh.g;
       a.in_dtype = SL_DTYPE_BF16, a.out_dtype = SL_DTYPE_BF16, a.transpose_rhs = 0;
-      const uint64_t da[2] = {(uint64_t)sh.k, (uint64_t)m}, sa[1] = {(uint64_t)sh.k * 2};
-      const uint32_t boxa[2] = {64, 256}, boxa64[2] = {64, 64};
-      const uint64_t db[4] = {64, (uint64_t)sh.k, (uint64_t)sh.n / 64, (uint64_t)sh.g};
-      const uint64_t sb[3] = {(uint64_t)sh.n * 2, 128, (uint64_t)sh.k * sh.n * 2};
-      const uint32_t boxb[4] = {64, 64, 2, 1};
-      const uint64_t dc[2] = {(uint64_t)sh.n, (uint64_t)m}, sc[1] = {(uint64_t)sh.n * 2};
-      const uint32_t boxc[2] = {64, 64};
-      CUtensorMap ma, ma64, mb, mc;
-      if (!make_map(&ma, x, SL_DTYPE_BF16, 2, da, sa, boxa) ||
-          !make_map(&ma64, x, SL_DTYPE_BF16, 2, da, sa, boxa64) ||
-          !make_map(&mb, w, SL_DTYPE_BF16, 4, db, sb, boxb) ||
-          !make_map(&mc, o_t2, SL_DTYPE_BF16, 2, dc, sc, boxc)) {
-        fprintf(stderr, "tensor maps failed\n");
-        exit(1);
+      /* per geometry (0: 256x128, 1: 128x256): the tile list and the tensor maps */
+      struct Geo {
+        int tm, tn, units;
+        int4 *tl;
+        CUtensorMap ma, ma64, mb, mc;
+      } geo[2];
+      for (int gi = 0; gi < 2; ++gi) {
+        Geo &G = geo[gi];
+        G.tm = gi ? 128 : 256, G.tn = gi ? 256 : 128;
+        std::vector<int4> tiles;
+        for (int g = 0, gs = 0; g < sh.g; gs += hs[g], ++g)
+          for (int nb = 0; nb < sh.n / G.tn; ++nb)
+            for (int m0 = gs; m0 < gs + hs[g]; m0 += G.tm)
+              tiles.push_back(make_int4(m0, nb * G.tn, std::min(G.tm, gs + hs[g] - m0), g));
+        G.units = (int)tiles.size();
+        CK(cudaMalloc(&G.tl, tiles.size() * sizeof(int4)));
+        CK(cudaMemcpy(G.tl, tiles.data(), tiles.size() * sizeof(int4), cudaMemcpyHostToDevice));
+        const uint64_t da[2] = {(uint64_t)sh.k, (uint64_t)m}, sa[1] = {(uint64_t)sh.k * 2};
+        const uint32_t boxa[2] = {64, (uint32_t)G.tm}, boxa64[2] = {64, 64};
+        const uint64_t db[4] = {64, (uint64_t)sh.k, (uint64_t)sh.n / 64, (uint64_t)sh.g};
+        const uint64_t sb[3] = {(uint64_t)sh.n * 2, 128, (uint64_t)sh.k * sh.n * 2};
+        const uint32_t boxb[4] = {64, 64, (uint32_t)G.tn / 64, 1};
+        const uint64_t dc[2] = {(uint64_t)sh.n, (uint64_t)m}, sc[1] = {(uint64_t)sh.n * 2};
+        const uint32_t boxc[2] = {64, 64};
+        if (!make_map(&G.ma, x, SL_DTYPE_BF16, 2, da, sa, boxa) ||
+            !make_map(&G.ma64, x, SL_DTYPE_BF16, 2, da, sa, boxa64) ||
+            !make_map(&G.mb, w, SL_DTYPE_BF16, 4, db, sb, boxb) ||
+            !make_map(&G.mc, o[1 + gi], SL_DTYPE_BF16, 2, dc, sc, boxc)) {
+          fprintf(stderr, "tensor maps failed\n");
+          exit(1);
+        }
       }
-      const int units = (int)tiles.size();
-      const int skip = getenv("T2R_NOSKIP") ? 0 : 1;
-      auto run = [&](bool lib) {
-        if (lib) {
+      auto run = [&](int i) {
+        if (i == 0) {
           if (sm90_gmm_launch(a, false, sms, 0, -1) != SL_STATUS_SUCCESS) {
             fprintf(stderr, "library gmm failed\n");
             exit(1);
           }
-        } else {
-          t2::t2r_kernel<<<std::min(sms, units), 384, t2::smem_of(4)>>>(ma, ma64, mb, mc, tl, units,
-                                                                       sh.k, sh.n, o_t2, skip);
+          return;
         }
+        const Geo &G = geo[i - 1];
+        const dim3 grid(std::min(sms, G.units));
+        if (i == 1)
+          t2::t2r_kernel<false><<<grid, 384, t2::smem_of(4)>>>(G.ma, G.ma64, G.mb, G.mc, G.tl,
+                                                               G.units, sh.k, sh.n, o[1], skip);
+        else
+          t2::t2r_kernel<true><<<grid, 384, t2::smem_of(4)>>>(G.ma, G.ma64, G.mb, G.mc, G.tl,
+                                                              G.units, sh.k, sh.n, o[2], skip);
       };
-      run(true);
-      run(false);
+      for (int i = 0; i < 3; ++i) run(i);
       CK(cudaGetLastError());
       CK(cudaDeviceSynchronize());
-      CK(cudaMemset(res, 0, 8));
-      max_diff<<<1024, 256>>>(o_t2, o_lib, (size_t)m * sh.n, res);
-      float hr[2];
-      CK(cudaMemcpy(hr, res, 8, cudaMemcpyDeviceToHost));
+      float rel[3] = {0, 0, 0};
+      for (int i = 1; i < 3; ++i) {
+        CK(cudaMemset(res, 0, 8));
+        max_diff<<<1024, 256>>>(o[i], o[0], (size_t)m * sh.n, res);
+        float hr[2];
+        CK(cudaMemcpy(hr, res, 8, cudaMemcpyDeviceToHost));
+        rel[i] = hr[0] / hr[1];
+      }
       cudaEvent_t e0, e1;
       CK(cudaEventCreate(&e0));
       CK(cudaEventCreate(&e1));
-      std::vector<float> tlib, tt2;
+      std::vector<float> t[3];
       for (int r = 0; r < reps + 2; ++r)
-        for (int v = 0; v < 2; ++v) {
-          const bool lib = (r + v) % 2 == 0;
+        for (int v = 0; v < 3; ++v) { /* the order rotates by one every round */
+          const int i = (r + v) % 3;
           CK(cudaEventRecord(e0));
-          run(lib);
+          run(i);
           CK(cudaEventRecord(e1));
           CK(cudaEventSynchronize(e1));
           float ms;
           CK(cudaEventElapsedTime(&ms, e0, e1));
-          if (r >= 2) (lib ? tlib : tt2).push_back(ms);
+          if (r >= 2) t[i].push_back(ms);
         }
-      std::sort(tlib.begin(), tlib.end());
-      std::sort(tt2.begin(), tt2.end());
-      const float ml = tlib[tlib.size() / 2], mt = tt2[tt2.size() / 2];
+      double med[3];
+      for (int i = 0; i < 3; ++i) {
+        std::sort(t[i].begin(), t[i].end());
+        med[i] = t[i][t[i].size() / 2];
+      }
       const double fl = 2.0 * m * sh.k * sh.n;
-      printf("%-16s %-8s %6d %6d %9.1f %9.1f %6.3fx %10.2e\n", sh.name, dist, units, edges,
-             fl / ml / 1e9, fl / mt / 1e9, ml / mt, hr[0] / hr[1]);
-      cudaFree(x), cudaFree(w), cudaFree(o_lib), cudaFree(o_t2), cudaFree(sizes),
-          cudaFree(counter), cudaFree(tl), cudaFree(res);
+      printf("%-16s %-8s %9.1f %9.1f %9.1f %7.3fx %7.3fx %9.2e %9.2e\n", sh.name, dist,
+             fl / med[0] / 1e9, fl / med[1] / 1e9, fl / med[2] / 1e9, med[0] / med[1],
+             med[0] / med[2], rel[1], rel[2]);
+      cudaFree(x), cudaFree(w), cudaFree(sizes), cudaFree(counter), cudaFree(res);
+      for (int i = 0; i < 3; ++i) cudaFree(o[i]);
+      for (Geo &G : geo) cudaFree(G.tl);
       cudaEventDestroy(e0), cudaEventDestroy(e1);
     }
   }
