@@ -21,15 +21,15 @@ mkdir -p "$B/sizes"
 python3 - "$B/sizes" <<'PY'
 import sys
 sys.path.insert(0, "bench")
-from shapes import SHAPES, group_sizes
-for sh in SHAPES:
+from shapes import FINE_SHAPES, SHAPES, group_sizes
+for sh in SHAPES + FINE_SHAPES:
     for dist in ("exact", "uniform", "skewed"):
         with open(f"{sys.argv[1]}/{sh.name}-{dist}.txt", "w") as f:
             f.write(" ".join(str(int(v)) for v in group_sizes(sh, dist)) + "\n")
 PY
 for r in $(seq 1 ${RUNS:-2}); do
   echo "== run $r" >>"$OUT/t2-probe.txt"
-  T2_SIZES_DIR="$B/sizes" timeout 400 $B/t2_probe >>"$OUT/t2-probe.txt" 2>&1
+  T2_NOEQUAL=${T2_NOEQUAL:-} T2_SIZES_DIR="$B/sizes" timeout 400 $B/t2_probe >>"$OUT/t2-probe.txt" 2>&1
   echo "rc=$?" >>"$OUT/t2-probe.txt"
   T2_NOEQUAL=1 T2R_NOSKIP=1 T2_SIZES_DIR="$B/sizes" timeout 400 $B/t2_probe >>"$OUT/t2-probe.txt" 2>&1
   echo "rc=$?" >>"$OUT/t2-probe.txt"
