@@ -170,7 +170,17 @@ static Problem make_problem(int m, int g, int k, int n, std::vector<int> sizes, 
 static sluice_cuda::GmmArgs args_of(const Problem &p, int transpose = 0) {
   sluice_cuda::GmmArgs a;
   a.lhs = p.lhs, a.rhs = p.rhs, a.out = p.out, a.group_sizes = p.d_sizes, a.group_offset = nullptr;
-  a.table = nullptr;
+  /* a workspace for the group table, as the library's callers pass one: used where the table
+   * does not fit in shared memory beside a kernel's own (place_table) */
+  static int *table = nullptr;
+  static size_t table_bytes = 0;
+  const size_t need = (size_t)sluice_cuda::table_ints(p.g) * sizeof(int);
+  if (need > table_bytes) {
+    if (table) CK(cudaFree(table));
+    CK(cudaMalloc(&table, need));
+    table_bytes = need;
+  }
+  a.table = table;
   static int *counter = nullptr; /* V_DYN's tile counter (the library keeps it in the workspace) */
   if (counter == nullptr) CK(cudaMalloc(&counter, sizeof(int)));
   a.counter = counter;
@@ -378,7 +388,7 @@ int main(int argc, char **argv) {
           CK(cudaEventRecord(e1));
           CK(cudaEventSynchronize(e1));
           if (st != SL_STATUS_SUCCESS) {
-            printf("version %d failed: %s\n", versions[i], sl_status_string(st));
+            printf("version %d failed: %s (%s)\n", versions[i], sl_status_string(st), sl_last_error());
             exit(1);
           }
           float t;
