@@ -56,7 +56,9 @@ static_assert(
  * tiles in 128x128 halves, 0.99x; in the history at 9ad54f8), and 2, 4, 19, 20: V_TMA_C,
  * V_TMA_CS, V_MD, V_MD4 (removed in session 17, below; in the history at 16d7722) - whose numbers
  * are not to be reused again; 33 is V_TM; 34, V_TM1 (session 22: V_TM's merged rows in one TMA
- * copy), was folded into V_TM; 35 is V_SD; the next new variant is 36, harness version 37):
+ * copy), was folded into V_TM; 35, V_SD (session 42: the split drain on two m64n128 column
+ * halves, 0.95-1.04x; in the history at 8835583), was removed; the next new variant is 36,
+ * harness version 38):
  *   V_BASE   4 stages, each k-block's wgmmas waited before the next (wait_group 0), epilogue
  *            stores straight from registers. Any output dtype: the f32-output path until
  *            session 13, now only where the staged epilogue cannot run (an f32 row not a
@@ -69,10 +71,9 @@ static_assert(
  * In every variant the tgmm rows past a group's end are zeroed by warps 1-3 of the producer
  * warpgroup as soon as the block lands, off the consumers' path; consumers wait for a per-stage
  * "fixed" barrier on those blocks only. */
-enum Variant { V_BASE = 0, V_AHS = 11, V_DYN = 14, V_FB = 18, V_K32 = 23, V_TM = 33, V_SD = 35 };
+enum Variant { V_BASE = 0, V_AHS = 11, V_DYN = 14, V_FB = 18, V_K32 = 23, V_TM = 33 };
 __host__ __device__ constexpr bool is_variant(int v) {
-  return v == V_BASE || v == V_AHS || v == V_DYN || v == V_FB || v == V_K32 || v == V_TM ||
-         v == V_SD;
+  return v == V_BASE || v == V_AHS || v == V_DYN || v == V_FB || v == V_K32 || v == V_TM;
 }
 /* V_AHS: 3 stages, one k-block of wgmmas in flight (wait_group 1: a stage goes back one block
  * later), the epilogue staged in shared memory (128B-swizzled, conflict-free) and written by TMA
@@ -151,39 +152,26 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * multiples level, qwen3 "halves" -2..-3%), alone under sustained load +0.3..+1.9% on 7 of the 8
  * bench cases; bench gmm/torch 1.12-1.13x against 1.12x. The gmm default since session 14
  * (transpose_rhs, f32 outputs and, since session 18, K < 2048 run V_FB: resolve_variant). */
-/* V_SD (gmm, N-major B, 16-bit outputs; session 42): V_FB whose consumer warpgroups hold their
- * 64x256 as two m64n128 accumulators, the columns 0-127 and 128-255 (the same registers in the
- * same order as one m64n256's, so the epilogue's fragments are unchanged), with 4 stages. The tile's
- * last k-block commits the two halves as two groups, so the first half is staged and on its way
- * out (a 64x128 pass through 16 KB a warpgroup) while the second half's wgmmas drain; the fourth
- * stage is paid for by that half-size staging buffer (32 KB instead of 64). The schedule of
- * dev/probe/t2_probe.cu, which on equal-size groups ran 1.00-1.04x V_TM on the benchmark's shapes,
- * 1.12x on qwen3 and 1.11-1.19x V_FB on the model's fine shapes (one H100, session 42). */
-__host__ __device__ constexpr bool is_sd(int v) { return v == V_SD; }
 __host__ __device__ constexpr bool has_merge(int v) { return v == V_TM; }
 __host__ __device__ constexpr bool is_k32(int v) { return v == V_K32; }
 __host__ __device__ constexpr bool has_fused_boxes(int v) {
-  return v == V_FB || is_k32(v) || has_merge(v) || is_sd(v);
+  return v == V_FB || is_k32(v) || has_merge(v);
 }
 __host__ __device__ constexpr bool is_dyn(int v) {
-  return v == V_DYN || v == V_FB || is_k32(v) || has_merge(v) || is_sd(v);
+  return v == V_DYN || v == V_FB || is_k32(v) || has_merge(v);
 }
 /* Every variant but V_BASE has V_AHS's staged TMA epilogue (TMA_C), skips (SKIP) and lookahead
  * with the stmatrix epilogue (AHEAD): kept apart as the features the kernel tests. */
 __host__ __device__ constexpr bool has_tma_c(int v) { return v != V_BASE; }
 __host__ __device__ constexpr bool has_skip(int v) { return v != V_BASE; }
 __host__ __device__ constexpr bool has_ahead(int v) { return v != V_BASE; }
-__host__ __device__ constexpr int stages_of(int v) {
-  return is_k32(v) ? 6 : is_sd(v) ? 4 : has_tma_c(v) ? 3 : 4;
-}
+__host__ __device__ constexpr int stages_of(int v) { return is_k32(v) ? 6 : has_tma_c(v) ? 3 : 4; }
 /* contraction rows (tgmm) or K columns (gmm) per k-block, and one 64-wide swizzled input box */
 __host__ __device__ constexpr int bk_of(int v) { return is_k32(v) ? 32 : BK; }
 __host__ __device__ constexpr int in_box_bytes(int v) { return 64 * bk_of(v) * 2; }
 __host__ __device__ constexpr int stage_bytes_of(int v) { return (BM + BN) * bk_of(v) * 2; }
-/* TMA_C staging: the 128x256 tile (64 KB; V_SD: a 64x128 half per warpgroup, 32 KB). */
-__host__ __device__ constexpr int c_bytes_of(int v) {
-  return is_sd(v) ? C_BYTES / 2 : has_tma_c(v) ? C_BYTES : 0;
-}
+/* TMA_C staging: the 128x256 tile (64 KB). */
+__host__ __device__ constexpr int c_bytes_of(int v) { return has_tma_c(v) ? C_BYTES : 0; }
 constexpr int RING = 4; /* V_DYN: tile indices in flight from the producer to the others */
 __host__ __device__ constexpr size_t pipe_bytes(int v) {
   return 1024 /* alignment slack */ + (size_t)stages_of(v) * stage_bytes_of(v) + c_bytes_of(v) +
@@ -418,8 +406,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   static_assert(!is_k32(VARIANT) || !TRANS_B, "V_K32: an N-major B");
   constexpr bool MERGE = has_merge(VARIANT);
   static_assert(!MERGE || (!TRANS_B && !TGMM && BKV == 64), "V_TM: gmm, an N-major B");
-  constexpr bool SD = is_sd(VARIANT);
-  static_assert(!SD || (!TRANS_B && !TGMM && BKV == 64 && AHEAD), "V_SD: gmm, an N-major B");
   const int cid = blockIdx.x, ncl = gridDim.x; /* this CTA's first tile, the CTA count */
   extern __shared__ __align__(1024) unsigned char smem_sm90[];
   unsigned char *smem_raw = smem_sm90;
@@ -854,81 +840,6 @@ __global__ void __launch_bounds__(THREADS, 1)
         SL_TR(d1);
         SL_TR_ADD(TR_WAIT0, d1 - d0);
         if (nk > 0) release(s == 0 ? STAGES - 1 : s - 1);
-      } else if constexpr (SD) {
-        /* Two m64n128 per k16 step on the accumulator's column halves; the last k-block peeled
-         * (a wgmma on a conditional path inside the loop: C7515) and committed half by half. */
-        float(&h0)[64] = *reinterpret_cast<float(*)[64]>(&acc[0]);
-        float(&h1)[64] = *reinterpret_cast<float(*)[64]>(&acc[64]);
-        auto kstep = [&](uint32_t sa, int kk, auto half_c) {
-          constexpr int H = decltype(half_c)::value;
-          const uint64_t da = make_desc(sa + cw * 64 * 128 + kk * 32, 16, 1024);
-          const uint64_t db = make_desc(sa + A_B + H * 2 * BOX_BYTES + kk * 2048, BOX_BYTES, 1024);
-          if constexpr (std::is_same<T, __nv_bfloat16>::value)
-            wgmma_m64n128k16_bf16<0, 1>(H ? h1 : h0, da, db, kk == 0 ? sd0 : 1);
-          else
-            wgmma_m64n128k16_f16<0, 1>(H ? h1 : h0, da, db, kk == 0 ? sd0 : 1);
-        };
-        using H0 = std::integral_constant<int, 0>;
-        using H1 = std::integral_constant<int, 1>;
-        for (int kb = 0; kb < nk - 1; ++kb) {
-          mbar_wait(full0 + 8 * s, phase);
-          const uint32_t sa = stage0 + s * SBYTES;
-          wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk) kstep(sa, kk, H0{}), kstep(sa, kk, H1{});
-          sd0 = 1;
-          wgmma_commit();
-          wgmma_wait1();
-          fence_operands(acc);
-          if (kb > 0) release(s == 0 ? STAGES - 1 : s - 1);
-          if (++s == STAGES) s = 0, phase ^= 1;
-        }
-        {
-          mbar_wait(full0 + 8 * s, phase);
-          const uint32_t sa = stage0 + s * SBYTES;
-          wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk) kstep(sa, kk, H0{});
-          wgmma_commit();
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk) kstep(sa, kk, H1{});
-          wgmma_commit();
-        }
-        decode_next(); /* while the last k-block drains */
-        wgmma_wait1(); /* the block before and this block's first half are done */
-        fence_operands(h0);
-        if (nk > 1) release(s == 0 ? STAGES - 1 : s - 1);
-        /* Epilogue: a warpgroup whose 64 rows are all in the group stages and stores its first
-         * column half while the second drains, then the second (each a 64x128 pass through its
-         * 16 KB); one whose rows cross the group's end waits and stores from registers. */
-        const bool staged = m0 + cw * 64 + 64 <= ge;
-        const uint32_t cbase = c_smem + cw * (C_BYTES / 4);
-        auto pass = [&](float(&h)[64], int c0) {
-          if (lt == 0) bulk_wait_read0(); /* the previous store has read the staging buffer */
-          named_bar(2 + cw, 128);
-          if (a.out_dtype == SL_DTYPE_BF16)
-            stage_half_stsm<__nv_bfloat16>(h, cbase, warp, lane);
-          else
-            stage_half_stsm<__half>(h, cbase, warp, lane);
-          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-          named_bar(2 + cw, 128);
-          if (lt == 0) {
-#pragma unroll
-            for (int b = 0; b < 2; ++b)
-              tma_store_2d(&map_c, cbase + b * BOX_BYTES, n0 + c0 + 64 * b, m0 + cw * 64);
-            bulk_commit();
-          }
-        };
-        if (staged) pass(h0, 0);
-        wgmma_wait0(); /* unconditional (C7518) */
-        fence_operands(acc);
-        release(s);
-        if (++s == STAGES) s = 0, phase ^= 1;
-        if (staged)
-          pass(h1, 128);
-        else
-          store_half_regs(acc, a.out, a.out_dtype, a.n, m0 + cw * 64, n0, ge, warp, lane);
-        continue;
       } else {
         for (int kb = 0; kb < nk; ++kb) {
           SL_TR(w0);
@@ -1149,7 +1060,7 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
    * G]}), which needs N to be a multiple of that width */
   const uint64_t ob = dtype_bytes(a.out_dtype), boxc = 128 / ob;
   const uint32_t box_c[3] = {(uint32_t)boxc, 64, 1}, box_cf[4] = {(uint32_t)boxc, 64, 4, 1};
-  const bool per_box = a.store_per_box || N % boxc != 0 || is_sd(VARIANT); /* (V_SD: 2 boxes) */
+  const bool per_box = a.store_per_box || N % boxc != 0;
   if (TGMM) {
     if (has_fused_boxes(VARIANT)) {
       /* lhs [M, K] as {64, M, K/64}, rhs [M, N] as {64, M, N/64} (K, N % 64 == 0) */
@@ -1234,7 +1145,7 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
 
 template <typename T, int VARIANT>
 static sl_status launch_v(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t s) {
-  if constexpr (has_merge(VARIANT) || is_sd(VARIANT)) { /* gmm, N-major B only (resolve_variant) */
+  if constexpr (has_merge(VARIANT)) { /* gmm with an N-major B only (resolve_variant) */
     if (tgmm || a.transpose_rhs) return SL_STATUS_UNSUPPORTED;
     return launch<T, false, false, VARIANT>(a, num_sms, s);
   } else if constexpr (is_k32(VARIANT)) { /* N-major B only (resolve_variant) */
@@ -1265,9 +1176,6 @@ static int resolve_variant(const GmmArgs &a, bool tgmm, int variant) {
   /* V_TM: gmm with an N-major B and a 16-bit output (its merged epilogue) */
   if (has_merge(variant) && tgmm) variant = kDefaultTgmm;
   if (has_merge(variant) && (a.transpose_rhs || a.out_dtype == SL_DTYPE_F32)) variant = V_FB;
-  /* V_SD: the same (its split epilogue is 16-bit only) */
-  if (is_sd(variant) && tgmm) variant = kDefaultTgmm;
-  if (is_sd(variant) && (a.transpose_rhs || a.out_dtype == SL_DTYPE_F32)) variant = V_FB;
   if (is_dyn(variant) && a.counter == nullptr) return V_AHS; /* no workspace for the counter */
   if (has_fused_boxes(variant) && (a.n % 64 || (tgmm && a.k % 64))) return V_DYN;
   return variant;
@@ -1282,7 +1190,6 @@ static sl_status launch_t(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t
     case V_FB: return launch_v<T, V_FB>(a, tgmm, num_sms, s);
     case V_K32: return launch_v<T, V_K32>(a, tgmm, num_sms, s);
     case V_TM: return launch_v<T, V_TM>(a, tgmm, num_sms, s);
-    case V_SD: return launch_v<T, V_SD>(a, tgmm, num_sms, s);
     default: return SL_STATUS_UNSUPPORTED; /* (resolve_variant returns only those above) */
   }
 }

@@ -218,19 +218,6 @@ __device__ __forceinline__ void fence_operands(float (&d)[128]) {
 SL_WGMMA_FN(wgmma_m64n256k16_bf16, "m64n256k16", "bf16", 128)
 SL_WGMMA_FN(wgmma_m64n256k16_f16, "m64n256k16", "f16", 128)
 
-/* m64n128k16 on a 64-register accumulator: sm90 V_SD's two column halves of a warpgroup's
- * 64x256 (and the dev probes' 256x128 tile) */
-#define SL_WGMMA_REGS64 "{" SL_WGMMA_REGS_LO "}"
-#define SL_WGMMA_ACC64(d) SL_WGMMA_ACC_LO(d)
-#define SL_WGMMA_PRE64 "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
-#define SL_WGMMA_POST64 ", %64, %65, p, 1, 1, %66, %67;\n}\n"
-SL_WGMMA_FN(wgmma_m64n128k16_bf16, "m64n128k16", "bf16", 64)
-SL_WGMMA_FN(wgmma_m64n128k16_f16, "m64n128k16", "f16", 64)
-__device__ __forceinline__ void fence_operands(float (&d)[64]) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
 /* The narrower accumulators of sm90 V_TM's merged tiles (m64nNk16, N = 160, 192: N / 2
  * registers): the 128-register lists cut at 80 and 96. */
 #define SL_WGMMA_REGS_64_80 "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"

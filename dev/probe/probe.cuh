@@ -60,8 +60,18 @@ __global__ void fill_random(__nv_bfloat16 *p, size_t n, uint32_t seed) {
 #ifdef SLUICE_SM90A_DEVICE
 namespace sluice_cuda {
 namespace sm90 {
-/* (m64n128k16 and its operand fence are the library's: sm90_gmm.cuh) */
-__device__ __forceinline__ void fence64(float (&d)[64]) { fence_operands(d); }
+/* m64n128k16 on a 64-register accumulator (N = 128: the probes' 256x128 tile and two column halves
+ * of the library's 128x256; sm90 V_SD, session 42, in the history at 8835583) */
+#define SL_WGMMA_REGS64 "{" SL_WGMMA_REGS_LO "}"
+#define SL_WGMMA_ACC64(d) SL_WGMMA_ACC_LO(d)
+#define SL_WGMMA_PRE64 "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
+#define SL_WGMMA_POST64 ", %64, %65, p, 1, 1, %66, %67;\n}\n"
+SL_WGMMA_FN(wgmma_m64n128k16_bf16, "m64n128k16", "bf16", 64)
+
+__device__ __forceinline__ void fence64(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
 
 /* 2-CTA clusters (the t2 probe's A-multicast variant; the library's cluster kernels were removed
  * at 46c75da): a TMA box that lands at the same shared-memory offset of every CTA in `mask`,
