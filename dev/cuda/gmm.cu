@@ -96,17 +96,9 @@ static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
     b.index_order = 1;
     return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
   }
-  if (v == kWsTable) { /* the library's default, its group table in a workspace */
-    static int *ws = nullptr;
-    static size_t ws_bytes = 0;
-    const size_t need = (size_t)sluice_cuda::table_ints(a.num_local_groups) * sizeof(int);
-    if (need > ws_bytes) {
-      if (ws) CK(cudaFree(ws));
-      CK(cudaMalloc(&ws, need));
-      ws_bytes = need;
-    }
+  if (v == kWsTable) { /* the library's default, its group table in the workspace (args_of's) */
     sluice_cuda::GmmArgs b = a;
-    b.table = ws, b.table_in_ws = 1;
+    b.table_in_ws = 1;
     return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
   }
   if (v == kStorePerBox) { /* the library's default, its output stored box by box */
