@@ -115,6 +115,22 @@ __device__ __forceinline__ void t2_kloop(float (&acc0)[64], float (&acc1)[64], u
   }
   wgmma_commit();
 }
+
+/* One warpgroup's 64x128 accumulator out through its 16 KB of staging: once the previous store
+ * has read the buffer, stage it (128B-swizzled), fence, and TMA-store its two 64x64 boxes at
+ * (col, row). */
+__device__ __forceinline__ void t2_pass(const float (&h)[64], uint32_t cbase, const CUtensorMap *map_c,
+                                        int col, int row, int cw, int lt, int warp, int lane) {
+  if (lt == 0) bulk_wait_read0();
+  named_bar(2 + cw, 128);
+  stage_half_stsm<__nv_bfloat16>(h, cbase, warp, lane);
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  named_bar(2 + cw, 128);
+  if (lt == 0) {
+    for (int b = 0; b < 2; ++b) tma_store_2d(map_c, cbase + b * BOX_BYTES, col + 64 * b, row);
+    bulk_commit();
+  }
+}
 #endif
 
 /* MC (4 stages only): on 2-CTA clusters, as cuBLAS's 256x128 1x2 kernel. The pair takes two
@@ -204,38 +220,33 @@ __global__ void __launch_bounds__(384, 1)
     wgmma_wait1(); /* the block before and the first half of this one are done */
     fence64(acc0);
     if (nk > 1) release(s == 0 ? STG - 1 : s - 1);
-    if (lt == 0) bulk_wait_read0(); /* the last tile's store has read the staging buffer */
-    named_bar(2 + cw, 128);
-    stage_half_stsm<__nv_bfloat16>(acc0, cbase, warp, lane);
     if constexpr (STG == 4) { /* the first 64 rows leave before the second half is staged */
+      t2_pass(acc0, cbase, &map_c, n0, m0 + cw * 128, cw, lt, warp, lane);
+      wgmma_wait0();
+      fence64(acc1);
+      release(s);
+      if (++s == STG) s = 0, phase ^= 1;
+      t2_pass(acc1, cbase, &map_c, n0, m0 + cw * 128 + 64, cw, lt, warp, lane);
+    } else { /* the whole 128 rows staged (two 16 KB halves), then stored */
+      if (lt == 0) bulk_wait_read0(); /* the last tile's store has read the staging buffer */
+      named_bar(2 + cw, 128);
+      stage_half_stsm<__nv_bfloat16>(acc0, cbase, warp, lane);
+      wgmma_wait0();
+      fence64(acc1);
+      release(s);
+      if (++s == STG) s = 0, phase ^= 1;
+      stage_half_stsm<__nv_bfloat16>(acc1, cbase + CB / 4, warp, lane);
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       named_bar(2 + cw, 128);
       if (lt == 0) {
-        for (int b = 0; b < 2; ++b)
-          tma_store_2d(&map_c, cbase + b * BOX_BYTES, n0 + 64 * b, m0 + cw * 128);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int b = 0; b < 2; ++b)
+            tma_store_2d(&map_c, cbase + h * (CB / 4) + b * BOX_BYTES, n0 + 64 * b,
+                         m0 + cw * 128 + 64 * h);
         bulk_commit();
       }
-    }
-    wgmma_wait0();
-    fence64(acc1);
-    release(s);
-    if (++s == STG) s = 0, phase ^= 1;
-    const uint32_t c1 = STG == 4 ? cbase : cbase + CB / 4;
-    if (STG == 4) {
-      if (lt == 0) bulk_wait_read0();
-      named_bar(2 + cw, 128);
-    }
-    stage_half_stsm<__nv_bfloat16>(acc1, c1, warp, lane);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    named_bar(2 + cw, 128);
-    if (lt == 0) {
-#pragma unroll
-      for (int h = STG == 4 ? 1 : 0; h < 2; ++h)
-#pragma unroll
-        for (int b = 0; b < 2; ++b)
-          tma_store_2d(&map_c, (h ? c1 : cbase) + b * BOX_BYTES, n0 + 64 * b,
-                       m0 + cw * 128 + 64 * h);
-      bulk_commit();
     }
   }
   if (lt == 0) bulk_wait0();
@@ -340,29 +351,12 @@ __global__ void __launch_bounds__(384, 1)
     wgmma_wait1(); /* the block before and this block's acc0 are done */
     fence64(acc0);
     if (nk > 1) release(s == 0 ? STG - 1 : s - 1);
-    if (lt == 0) bulk_wait_read0(); /* the last store has read the staging buffer */
-    named_bar(2 + cw, 128);
-    stage_half_stsm<__nv_bfloat16>(acc0, cbase, warp, lane);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    named_bar(2 + cw, 128);
-    if (lt == 0) {
-      for (int b = 0; b < 2; ++b) tma_store_2d(&map_c, cbase + b * BOX_BYTES, n0 + 64 * b, m0 + r0);
-      bulk_commit();
-    }
+    t2_pass(acc0, cbase, &map_c, n0, m0 + r0, cw, lt, warp, lane);
     wgmma_wait0();
     fence64(acc1);
     release(s);
     if (++s == STG) s = 0, phase ^= 1;
-    if (lt == 0) bulk_wait_read0();
-    named_bar(2 + cw, 128);
-    stage_half_stsm<__nv_bfloat16>(acc1, cbase, warp, lane);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    named_bar(2 + cw, 128);
-    if (lt == 0) {
-      for (int b = 0; b < 2; ++b)
-        tma_store_2d(&map_c, cbase + b * BOX_BYTES, n0 + c1 + 64 * b, m0 + r1);
-      bulk_commit();
-    }
+    t2_pass(acc1, cbase, &map_c, n0 + c1, m0 + r1, cw, lt, warp, lane);
   }
   if (lt == 0) bulk_wait0();
 #endif
