@@ -39,6 +39,8 @@ struct GmmArgs {
                           * box (as before session 22) instead of one per warpgroup's 64-row half;
                           * set by the launcher where n is not a multiple of the box's columns, and
                           * a dev A/B knob */
+  int stride_order = 0; /* sm90 run-time-claim variants, dev A/B only: CTA c takes tiles c, c +
+                         * grid, ... (the t2 probe's order) instead of claiming them in turn */
 };
 
 /* Group table layout, in ints: [lo, hi, total_tiles, pad, start[GL], end[GL], tile_prefix[GL+1],

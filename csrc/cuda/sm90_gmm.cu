@@ -529,14 +529,14 @@ __global__ void __launch_bounds__(THREADS, 1)
         if constexpr (DYN) {
           t = claim;
           ring_put(t);
-          if (t < total_tiles) claim = ncl + atomicAdd(counter, 1);
+          if (t < total_tiles) claim = a.stride_order ? t + ncl : ncl + atomicAdd(counter, 1);
           return t;
         } else {
           return t + ncl;
         }
       };
       if constexpr (DYN) {
-        claim = ncl + atomicAdd(counter, 1);
+        claim = a.stride_order ? cid + ncl : ncl + atomicAdd(counter, 1);
         ring_put(cid);
       }
       for (int t = cid; t < total_tiles; t = next_tile(t)) {

@@ -76,16 +76,16 @@ static const bool kTgmm = HARNESS_TGMM;
 /* HARNESS_OUT=f32: time (and check) f32 outputs instead of bf16 ones */
 static const bool kOutF32 = getenv("HARNESS_OUT") && !strcmp(getenv("HARNESS_OUT"), "f32");
 static const size_t kOutBytes = kOutF32 ? 4 : 2;
-static const int kVersions = 42;
+static const int kVersions = 43;
 /* Not kernel variants: the default one with tgmm's tiles handed out in group order instead of
  * long groups first (session 18's A/B of that order; gmm: the default as it is), and the
  * default one with its group table built by the table kernel in a workspace, as every call with
  * more than 256 local groups did before session 19 (place_table). */
-static const int kIndexOrder = 40, kWsTable = 41, kStorePerBox = 42;
+static const int kIndexOrder = 40, kWsTable = 41, kStorePerBox = 42, kStride = 43;
 /* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
  * removed ones are not reused) */
 static bool version_exists(int v) {
-  return v == 1 || v == kIndexOrder || v == kWsTable || v == kStorePerBox ||
+  return v == 1 || v == kIndexOrder || v == kWsTable || v == kStorePerBox || v == kStride ||
          (v >= 2 && sluice_cuda::sm90::is_variant(v - 2));
 }
 
@@ -104,6 +104,11 @@ static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
   if (v == kStorePerBox) { /* the library's default, its output stored box by box */
     sluice_cuda::GmmArgs b = a;
     b.store_per_box = 1;
+    return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
+  }
+  if (v == kStride) { /* the library's default, tiles by a fixed stride (the t2 probe's order) */
+    sluice_cuda::GmmArgs b = a;
+    b.stride_order = 1;
     return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
   }
   return sluice_cuda::sm90_gmm_launch(a, kTgmm, sms, 0, v - 2);
@@ -349,7 +354,12 @@ int main(int argc, char **argv) {
                           {"dsv3proxy-down", 131072, 256, 256, 1024, true},
                           /* the same with 512 experts (more than 256: see version 41) */
                           {"fine512-gateup", 131072, 512, 1024, 512, true},
-                          {"fine512-down", 131072, 512, 256, 1024, true}};
+                          {"fine512-down", 131072, 512, 256, 1024, true},
+                          /* qwen3's neighbours: wider N, shorter K, fewer and larger groups
+                           * (session 43's tile order A/B, version 43) */
+                          {"qwen3-n3072", 65536, 128, 2048, 3072, true},
+                          {"qwen3-k1024", 65536, 128, 1024, 1536, true},
+                          {"g32-n1536", 32768, 32, 2048, 1536, true}};
   const char *modes[] = {"uniform", "ragged", "skewed", "halves"};
   /* HARNESS_SHAPES / HARNESS_MODES (substrings of the names) and HARNESS_REPS narrow the timing,
    * with HARNESS_NOCHECK=1 (no correctness pass) for a profiler: each version then runs 2 warm-up
