@@ -76,17 +76,21 @@ static const bool kTgmm = HARNESS_TGMM;
 /* HARNESS_OUT=f32: time (and check) f32 outputs instead of bf16 ones */
 static const bool kOutF32 = getenv("HARNESS_OUT") && !strcmp(getenv("HARNESS_OUT"), "f32");
 static const size_t kOutBytes = kOutF32 ? 4 : 2;
-static const int kVersions = 43;
+static const int kVersions = 47;
 /* Not kernel variants: the default one with tgmm's tiles handed out in group order instead of
  * long groups first (session 18's A/B of that order; gmm: the default as it is), and the
  * default one with its group table built by the table kernel in a workspace, as every call with
  * more than 256 local groups did before session 19 (place_table). */
-static const int kIndexOrder = 40, kWsTable = 41, kStorePerBox = 42, kStride = 43;
+static const int kIndexOrder = 40, kWsTable = 41, kStorePerBox = 42;
+/* the default with its tiles by a fixed stride from the CTA's index, its SM's id, or scrambled
+ * (GmmArgs::stride_order 1-3; session 43); by the CTA's index with the last 2 or 6 waves claimed
+ * in turn (GmmArgs::stride_tail) */
+static const int kStride = 43, kStrideScrambled = 45, kStrideTail2 = 46, kStrideTail6 = 47;
 /* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
  * removed ones are not reused) */
 static bool version_exists(int v) {
-  return v == 1 || v == kIndexOrder || v == kWsTable || v == kStorePerBox || v == kStride ||
-         (v >= 2 && sluice_cuda::sm90::is_variant(v - 2));
+  return v == 1 || v == kIndexOrder || v == kWsTable || v == kStorePerBox ||
+         (v >= kStride && v <= kStrideTail6) || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2));
 }
 
 static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
@@ -106,9 +110,11 @@ static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
     b.store_per_box = 1;
     return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
   }
-  if (v == kStride) { /* the library's default, tiles by a fixed stride (the t2 probe's order) */
+  if (v >= kStride && v <= kStrideTail6) { /* the library's default, tiles by a fixed stride
+                                            * from the CTA's index, its SM's, scrambled */
     sluice_cuda::GmmArgs b = a;
-    b.stride_order = 1;
+    b.stride_order = v <= kStrideScrambled ? 1 + v - kStride : 1;
+    b.stride_tail = v == kStrideTail2 ? 2 : v == kStrideTail6 ? 6 : 0;
     return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
   }
   return sluice_cuda::sm90_gmm_launch(a, kTgmm, sms, 0, v - 2);
@@ -208,22 +214,25 @@ static void print_trace(int v, const sluice_cuda::GmmArgs &a, int sms) {
     for (int i = 0; i < TR_N; ++i) sum[i] += (double)h[c][i];
   const double tiles = sum[TR_TILES], blocks = sum[TR_BLOCKS];
   if (tiles == 0) return;
-  const double acct = sum[TR_HEAD] + sum[TR_FULL0] + sum[TR_FULL] + sum[TR_WAIT1] +
-                      sum[TR_WAIT0] + sum[TR_EPI];
-  printf("  trace v%d: %.1f blocks/tile; cycles per tile: consumer %.0f = head %.0f + first-full "
-         "%.0f + full %.0f + wait1 %.0f + wait0 %.0f + epilogue %.0f + other %.0f; per block "
-         "%.0f\n",
-         v, blocks / tiles, sum[TR_CONS] / tiles, sum[TR_HEAD] / tiles, sum[TR_FULL0] / tiles,
-         sum[TR_FULL] / tiles, sum[TR_WAIT1] / tiles, sum[TR_WAIT0] / tiles, sum[TR_EPI] / tiles,
-         (sum[TR_CONS] - acct) / tiles, sum[TR_CONS] / blocks);
-  printf("  trace v%d: producer per tile %.0f, empty-wait %.0f (first block %.0f); fixers wait "
-         "%.0f, work %.0f per tile\n",
-         v, sum[TR_PROD] / tiles, sum[TR_P_EMPTY] / tiles, sum[TR_P_EMPTY0] / tiles,
-         sum[TR_FIX_WAIT] / tiles, sum[TR_FIX_WORK] / tiles);
-  printf("  trace v%d: epilogue per tile: store-read wait %.0f, barriers %.0f, staging %.0f, "
-         "fence %.0f\n",
-         v, sum[TR_EPI_READ] / tiles, sum[TR_EPI_BAR] / tiles, sum[TR_EPI_STAGE] / tiles,
-         sum[TR_EPI_FENCE] / tiles);
+  const double acct =
+      sum[TR_HEAD] + sum[TR_FULL0] + sum[TR_FULL] + sum[TR_WAIT1] + sum[TR_WAIT0] + sum[TR_EPI];
+  printf(
+      "  trace v%d: %.1f blocks/tile; cycles per tile: consumer %.0f = head %.0f + first-full "
+      "%.0f + full %.0f + wait1 %.0f + wait0 %.0f + epilogue %.0f + other %.0f; per block "
+      "%.0f\n",
+      v, blocks / tiles, sum[TR_CONS] / tiles, sum[TR_HEAD] / tiles, sum[TR_FULL0] / tiles,
+      sum[TR_FULL] / tiles, sum[TR_WAIT1] / tiles, sum[TR_WAIT0] / tiles, sum[TR_EPI] / tiles,
+      (sum[TR_CONS] - acct) / tiles, sum[TR_CONS] / blocks);
+  printf(
+      "  trace v%d: producer per tile %.0f, empty-wait %.0f (first block %.0f); fixers wait "
+      "%.0f, work %.0f per tile\n",
+      v, sum[TR_PROD] / tiles, sum[TR_P_EMPTY] / tiles, sum[TR_P_EMPTY0] / tiles,
+      sum[TR_FIX_WAIT] / tiles, sum[TR_FIX_WORK] / tiles);
+  printf(
+      "  trace v%d: epilogue per tile: store-read wait %.0f, barriers %.0f, staging %.0f, "
+      "fence %.0f\n",
+      v, sum[TR_EPI_READ] / tiles, sum[TR_EPI_BAR] / tiles, sum[TR_EPI_STAGE] / tiles,
+      sum[TR_EPI_FENCE] / tiles);
 }
 #endif
 
@@ -390,7 +399,8 @@ int main(int argc, char **argv) {
           CK(cudaEventRecord(e1));
           CK(cudaEventSynchronize(e1));
           if (st != SL_STATUS_SUCCESS) {
-            printf("version %d failed: %s (%s)\n", versions[i], sl_status_string(st), sl_last_error());
+            printf("version %d failed: %s (%s)\n", versions[i], sl_status_string(st),
+                   sl_last_error());
             exit(1);
           }
           float t;
@@ -414,7 +424,7 @@ int main(int argc, char **argv) {
     }
   }
   printf("%s\n", getenv("HARNESS_NOCHECK") ? "(correctness not checked: HARNESS_NOCHECK)"
-                 : wrong                      ? "CORRECTNESS FAILED"
-                                              : "all versions correct");
+                 : wrong                   ? "CORRECTNESS FAILED"
+                                           : "all versions correct");
   return wrong ? 1 : 0;
 }

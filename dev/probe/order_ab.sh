@@ -15,17 +15,18 @@ for spec in ${SPECS:-"35,43:qwen3-30b-up,qwen3-n3072,g32-n1536" "20,43:qwen3-k10
   for r in 1 2; do
     [ $r = 2 ] && vers=$(echo "$vers" | awk -F, '{for (i = NF; i > 0; --i) printf "%s%s", $i, (i > 1 ? "," : "")}')
     echo "== versions $vers shapes $shapes" >>"$OUT/order.txt"
-    HARNESS_SHAPES=$shapes timeout 200 "$BUILD/gmm" "$vers" 2>&1 | grep -v "^version" >>"$OUT/order.txt"
+    HARNESS_SHAPES=$shapes timeout 200 "$BUILD/${OP:-gmm}" "$vers" 2>&1 | grep -v "^version" >>"$OUT/order.txt"
   done
 done
 if [ "${NCU:-1}" = 1 ]; then
   for c in ${NCU_CASES:-35:qwen3-30b-up 43:qwen3-30b-up 20:dsv3proxy-gateup 43:dsv3proxy-gateup}; do
     v=${c%%:*}; sh=${c#*:}
     timeout 120 ncu --clock-control none --kernel-name regex:gmm_kernel --launch-skip 2 --launch-count 1 \
-      --metrics gpc__cycles_elapsed.max,smsp__cycles_elapsed.avg.per_second,lts__t_bytes.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum \
+      ${NCU_FULL:+--set full --import-source no} \
+      --metrics gpc__cycles_elapsed.max,smsp__cycles_elapsed.avg.per_second,lts__t_bytes.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum${NCU_METRICS:+,$NCU_METRICS} \
       env HARNESS_NOCHECK=1 HARNESS_REPS=1 HARNESS_SHAPES=$sh HARNESS_MODES=uniform "$BUILD/gmm" "$v" \
       >"$OUT/ncu-$v-$sh.txt" 2>&1
-    { echo "== version $v $sh uniform"; grep -E "^ +(gpc__|smsp__|lts__|dram__|sm__pipe|gpu__time)" "$OUT/ncu-$v-$sh.txt"; } >>"$OUT/order.txt"
+    { echo "== version $v $sh uniform"; grep -E "^ +(gpc__|smsp__|lts__|dram__|sm__pipe|gpu__time|L2 Fabric|L2 Hit|L1/TEX Hit)" "$OUT/ncu-$v-$sh.txt"; } >>"$OUT/order.txt"
   done
 fi
 cat "$OUT/order.txt"
