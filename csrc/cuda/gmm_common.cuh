@@ -39,10 +39,10 @@ struct GmmArgs {
                           * box (as before session 22) instead of one per warpgroup's 64-row half;
                           * set by the launcher where n is not a multiple of the box's columns, and
                           * a dev A/B knob */
-  int stride_order = 0;  /* sm90 run-time-claim variants, dev A/B only: CTA c takes tiles c, c +
-                          * grid, ... (the t2 probe's order) instead of claiming them in turn; 2:
-                          * by its SM's id instead of c, 3: by 37c mod grid (sm90_gmm.cu) */
-  int stride_tail = 0;   /* with stride_order: the last this many waves claimed in turn */
+  int tile_order = 0; /* sm90 run-time-claim variants, dev A/B only: 0 the op's own order (gmm: by
+                       * a fixed stride but the last kClaimedWaves waves, claimed in turn; tgmm:
+                       * every tile claimed in turn), 1 every tile claimed in turn (gmm's order
+                       * before session 43), 2 every tile by a fixed stride (sm90_gmm.cu) */
 };
 
 /* Group table layout, in ints: [lo, hi, total_tiles, pad, start[GL], end[GL], tile_prefix[GL+1],

@@ -104,6 +104,8 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * tiles and operands are shared while they are in L2. The producer thread claims one tile ahead
  * and passes each tile index (then an end mark) to the consumers and fixers through a small ring
  * in shared memory guarded by mbarriers. Needs the workspace's counter; without one, V_AHS runs.
+ * (Since session 43 gmm claims only its last waves' tiles and takes the rest by the stride:
+ * kClaimedWaves.)
  * The default of both ops in session 5: DRAM reads 5.5 -> 3.0 GB and +5% alone under load on
  * dsv3-gateup gmm, tgmm +2-10% on skewed sizes (dev/NOTES.md, session 5). V_FB (below) is V_DYN
  * with fewer TMA instructions, the default since session 6. */
@@ -175,6 +177,21 @@ __host__ __device__ constexpr int stage_bytes_of(int v) { return (BM + BN) * bk_
 /* TMA_C staging: the 128x256 tile (64 KB). */
 __host__ __device__ constexpr int c_bytes_of(int v) { return has_tma_c(v) ? C_BYTES : 0; }
 constexpr int RING = 4; /* V_DYN: tile indices in flight from the producer to the others */
+/* gmm's tile order (session 43): every tile but those of the last kClaimedWaves waves goes by a
+ * fixed stride (CTA c takes c, c + grid, ...) and only those are claimed in turn. Neighbouring
+ * CTAs then work in step on neighbouring tiles (a column block's row tiles share the weights'
+ * strip, a group's column blocks its rows), and the L2 serves their concurrent requests for the
+ * same lines once: Nsight Compute on qwen3 (one H100), 139 M -> 87 M L2 sectors requested by the
+ * SMs (-38%), dsv3-down -27%; with the stride taken from the SM's id instead 115 M, from a
+ * scrambled CTA index 166 M: the merging follows where the block scheduler puts neighbouring CTA
+ * indices. The claimed last waves keep what run-time claims were for (V_DYN, session 5): tiles of
+ * unequal cost (ragged edges, merged tiles) and SMs that do not run at one speed; the whole kernel
+ * by stride was 2-5% slower on dsv3-gateup's and mixtral's ragged sizes. Harness, in turn against
+ * every tile claimed (one H100, bench/results/tile-order-h100-20261127/): qwen3 +2.5..+5.6%, the
+ * dsv3-proxy model's K = 1024 gate/up +2.5..+6.6%, dsv3 and mixtral level (0.98-1.03x, the
+ * machine's noise), the model's K = 256 down 0.99-1.01x. tgmm claims every tile: its tiles (long
+ * groups first) differ in cost by their group's rows, and a stride lost 9-13% on skewed sizes. */
+constexpr int kClaimedWaves = 2;
 __host__ __device__ constexpr size_t pipe_bytes(int v) {
   return 1024 /* alignment slack */ + (size_t)stages_of(v) * stage_bytes_of(v) + c_bytes_of(v) +
          4 * stages_of(v) * 8 +
@@ -532,11 +549,12 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (++ring_slot == RING) ring_slot = 0, ring_phase ^= 1;
       };
       int *const counter = a.counter; /* V_DYN: the tile counter, in the workspace */
-      /* tiles below `stat` go by a fixed stride (stride_order, dev A/B: all of them, or all but
-       * the last stride_tail waves), the rest are claimed from `base` on */
-      const int stat = !a.stride_order ? 0
-                       : a.stride_tail ? ncl * max(0, total_tiles / ncl - a.stride_tail)
-                                       : INT_MAX;
+      /* tiles below `stat` go by a fixed stride, the rest are claimed from `base` on (V_DYN's
+       * tile order) */
+      const int stat = a.tile_order == 1   ? 0
+                       : a.tile_order == 2 ? INT_MAX
+                       : TGMM              ? 0
+                                           : ncl * max(0, total_tiles / ncl - kClaimedWaves);
       const int base = max(stat == INT_MAX ? 0 : stat, ncl);
       auto after = [&](int t) { return t + ncl < stat ? t + ncl : base + atomicAdd(counter, 1); };
       auto next_tile = [&](int t) {
@@ -549,16 +567,11 @@ __global__ void __launch_bounds__(THREADS, 1)
           return t + ncl;
         }
       };
-      /* stride_order (dev A/B): 1 this CTA's index, 2 its SM's (%smid; needs ids 0..grid-1),
-       * 3 its index scrambled (37c mod grid: neighbours apart) */
-      int first = cid; /* (the consumers of a variant without the ring start at cid) */
-      if (DYN && a.stride_order == 2) asm volatile("mov.u32 %0, %%smid;\n" : "=r"(first));
-      if (DYN && a.stride_order == 3) first = (int)((37ll * cid) % ncl);
       if constexpr (DYN) {
-        claim = after(first);
-        ring_put(first);
+        claim = after(cid);
+        ring_put(cid);
       }
-      for (int t = first; t < total_tiles; t = next_tile(t)) {
+      for (int t = cid; t < total_tiles; t = next_tile(t)) {
         int j, m0, n0, nk, gs, ge, tok;
         decode(t, j, m0, n0, nk, gs, ge, tok);
         const bool fix = needs_fix(nk, ge - gs);

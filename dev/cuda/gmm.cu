@@ -76,21 +76,21 @@ static const bool kTgmm = HARNESS_TGMM;
 /* HARNESS_OUT=f32: time (and check) f32 outputs instead of bf16 ones */
 static const bool kOutF32 = getenv("HARNESS_OUT") && !strcmp(getenv("HARNESS_OUT"), "f32");
 static const size_t kOutBytes = kOutF32 ? 4 : 2;
-static const int kVersions = 47;
+static const int kVersions = 48;
 /* Not kernel variants: the default one with tgmm's tiles handed out in group order instead of
  * long groups first (session 18's A/B of that order; gmm: the default as it is), and the
  * default one with its group table built by the table kernel in a workspace, as every call with
  * more than 256 local groups did before session 19 (place_table). */
 static const int kIndexOrder = 40, kWsTable = 41, kStorePerBox = 42;
-/* the default with its tiles by a fixed stride from the CTA's index, its SM's id, or scrambled
- * (GmmArgs::stride_order 1-3; session 43); by the CTA's index with the last 2 or 6 waves claimed
- * in turn (GmmArgs::stride_tail) */
-static const int kStride = 43, kStrideScrambled = 45, kStrideTail2 = 46, kStrideTail6 = 47;
+/* the default with every tile by a fixed stride (43), or every tile claimed in turn (48: gmm's
+ * order before session 43); GmmArgs::tile_order. (44-47 were session 43's experiments: a stride
+ * from the SM's id, from a scrambled index, the last 2 or 6 waves claimed; 46 is gmm's default.) */
+static const int kStride = 43, kClaimed = 48;
 /* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
  * removed ones are not reused) */
 static bool version_exists(int v) {
-  return v == 1 || v == kIndexOrder || v == kWsTable || v == kStorePerBox ||
-         (v >= kStride && v <= kStrideTail6) || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2));
+  return v == 1 || v == kIndexOrder || v == kWsTable || v == kStorePerBox || v == kStride ||
+         v == kClaimed || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2));
 }
 
 static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
@@ -110,11 +110,9 @@ static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
     b.store_per_box = 1;
     return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
   }
-  if (v >= kStride && v <= kStrideTail6) { /* the library's default, tiles by a fixed stride
-                                            * from the CTA's index, its SM's, scrambled */
+  if (v == kStride || v == kClaimed) { /* the library's default in another tile order */
     sluice_cuda::GmmArgs b = a;
-    b.stride_order = v <= kStrideScrambled ? 1 + v - kStride : 1;
-    b.stride_tail = v == kStrideTail2 ? 2 : v == kStrideTail6 ? 6 : 0;
+    b.tile_order = v == kStride ? 2 : 1;
     return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
   }
   return sluice_cuda::sm90_gmm_launch(a, kTgmm, sms, 0, v - 2);

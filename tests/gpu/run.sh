@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for the GPU test suite on a GPU machine: build (tests/gpu/build.sh), then
 #   1. every case plain (public API and the portable kernel, against a float64 reference)
-#   2. compute-sanitizer memcheck, racecheck, synccheck and initcheck on a covering subset (--quick)
+#   2. compute-sanitizer memcheck, racecheck, synccheck and initcheck on a covering subset (--quick);
+#      then step 1 and memcheck again on 3 SMs (SLUICE_GMM_SMS=3: many waves of tiles)
 #   3. SLUICE_DEBUG=1: bad device sizes must come back as SL_STATUS_INVALID_VALUE
 #   4. test_wait_bound: an mbarrier wait that never completes ends the launch instead of hanging it
 # BUILD=dir picks the build folder (default build-gpu); SKIP_BUILD=1 reuses what is there.
@@ -30,6 +31,9 @@ step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_
 step racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$BUILD/test_gmm" --quick
 step synccheck compute-sanitizer --tool synccheck --error-exitcode 3 "$BUILD/test_gmm" --quick
 step initcheck compute-sanitizer --tool initcheck --error-exitcode 3 "$BUILD/test_gmm" --quick
+# on 3 SMs every case spans many waves: gmm's stride-ordered tiles and its claimed last waves
+step fewsms env SLUICE_GMM_SMS=3 "$BUILD/test_gmm"
+step memcheck-fewsms env SLUICE_GMM_SMS=3 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_gmm" --quick
 step debug env SLUICE_DEBUG=1 "$BUILD/test_gmm" --debug
 step waitbound "$BUILD/test_wait_bound"
 for v in ${VARIANTS:-}; do
