@@ -186,11 +186,12 @@ constexpr int RING = 4; /* V_DYN: tile indices in flight from the producer to th
  * scrambled CTA index 166 M: the merging follows where the block scheduler puts neighbouring CTA
  * indices. The claimed last waves keep what run-time claims were for (V_DYN, session 5): tiles of
  * unequal cost (ragged edges, merged tiles) and SMs that do not run at one speed; the whole kernel
- * by stride was 2-5% slower on dsv3-gateup's and mixtral's ragged sizes. Harness, in turn against
- * every tile claimed (one H100, bench/results/tile-order-h100-20261127/): qwen3 +2.5..+5.6%, the
- * dsv3-proxy model's K = 1024 gate/up +2.5..+6.6%, dsv3 and mixtral level (0.98-1.03x, the
- * machine's noise), the model's K = 256 down 0.99-1.01x. tgmm claims every tile: its tiles (long
- * groups first) differ in cost by their group's rows, and a stride lost 9-13% on skewed sizes. */
+ * by stride was 1-5% slower on dsv3-gateup's and mixtral's ragged sizes. Harness, in turn against
+ * every tile claimed (one H100, bench/results/tile-order-h100-20261127/, three samples a case):
+ * qwen3 +2.5..+5.5% (skewed +0.4%), the dsv3-proxy model's K = 1024 gate/up +2..+7%, dsv3 and
+ * mixtral level (0.98-1.07x, the machine's noise), the model's K = 256 down 0.99-1.016x; two
+ * claimed waves are as good as six. tgmm claims every tile: its tiles (long groups first) differ
+ * in cost by their group's rows, and a stride lost 9-13% on skewed sizes. */
 constexpr int kClaimedWaves = 2;
 __host__ __device__ constexpr size_t pipe_bytes(int v) {
   return 1024 /* alignment slack */ + (size_t)stages_of(v) * stage_bytes_of(v) + c_bytes_of(v) +

@@ -34,6 +34,10 @@
  *      table kernel, as calls with more than 256 local groups did before session 19
  *  42  not a kernel: the library's default with its staged output stored box by box (8 TMA
  *      stores a 16-bit tile), as before session 22, instead of one store per warpgroup half
+ *  43  not a kernel: the library's default with every tile by a fixed stride (CTA c: c, c + grid, ...)
+ *  48  not a kernel: the library's default with every tile claimed in turn, gmm's order before
+ *      session 43 (since then gmm claims only the last two waves' tiles: kClaimedWaves); 44-47
+ *      were session 43's order experiments (bench/results/tile-order-h100-20261127/)
  * (7, the ping-pong V_PP (session 2; 3-11% slower, removed in session 12, in the history at
  *  f265b23), 17-19, session 6's V_NS, V_HA, V_EW, 23-24, session 8's V_RS, V_RS4, and again 23-24,
  *  session 9's V_3W (commit 43419fc) and V_FC (6add3a9), and 26-29, session 10's V_LG2,

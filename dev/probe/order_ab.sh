@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Session 43: the library's gmm with its tiles claimed at run time (the default) against the same
-# kernel with tiles by a fixed stride (harness version 43, GmmArgs::stride_order), on one GPU in one
-# call: the dev harness in turn on shapes that span tiles_n and K, then Nsight Compute (clocks left
-# alone) on qwen3 and the fine gate/up for both orders: cycles, SM clock, L2 and DRAM bytes.
+# Session 43's tile-order A/B on one GPU in one call: the dev harness in turn on shapes that span
+# tiles_n and K (SPECS="versions:shapes ...", OP=gmm or tgmm), then Nsight Compute (clocks left
+# alone; NCU_CASES="version:shape ...", NCU_FULL=1 for the full set, NCU_METRICS for more) on
+# uniform sizes: cycles, SM clock, L2 and DRAM bytes. Versions (dev/cuda/gmm.cu): 35 / 20 the
+# default (gmm: by stride but the last two waves), 43 every tile by stride, 48 every tile claimed
+# (gmm's order before session 43). Writes $OUT/order.txt and $OUT/z.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/order-out}
@@ -10,7 +12,7 @@ mkdir -p "$OUT"
 export BUILD=${BUILD:-build-gpu}
 DEV=1 tests/gpu/build.sh >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader; } >"$OUT/order.txt"
-for spec in ${SPECS:-"35,43:qwen3-30b-up,qwen3-n3072,g32-n1536" "20,43:qwen3-k1024,dsv3proxy-gateup,dsv3proxy-down,fine512-gateup,fine512-down"}; do
+for spec in ${SPECS:-"35,48,43:qwen3-30b-up,qwen3-n3072,g32-n1536" "20,48,43:qwen3-k1024,dsv3proxy-gateup,dsv3proxy-down,fine512-gateup,fine512-down"}; do
   IFS=: read -r vers shapes <<<"$spec"
   for r in 1 2; do
     [ $r = 2 ] && vers=$(echo "$vers" | awk -F, '{for (i = NF; i > 0; --i) printf "%s%s", $i, (i > 1 ? "," : "")}')
@@ -19,7 +21,7 @@ for spec in ${SPECS:-"35,43:qwen3-30b-up,qwen3-n3072,g32-n1536" "20,43:qwen3-k10
   done
 done
 if [ "${NCU:-1}" = 1 ]; then
-  for c in ${NCU_CASES:-35:qwen3-30b-up 43:qwen3-30b-up 20:dsv3proxy-gateup 43:dsv3proxy-gateup}; do
+  for c in ${NCU_CASES:-35:qwen3-30b-up 48:qwen3-30b-up 20:dsv3proxy-gateup 48:dsv3proxy-gateup}; do
     v=${c%%:*}; sh=${c#*:}
     timeout 120 ncu --clock-control none --kernel-name regex:gmm_kernel --launch-skip 2 --launch-count 1 \
       ${NCU_FULL:+--set full --import-source no} \
