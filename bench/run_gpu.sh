@@ -20,6 +20,15 @@ if [ "${SYNCED:-0}" = 1 ]; then
   timeout 600 python3 bench/bench_gmm.py --part torch --timing synced --lib "$BUILD/libsluice_gpu.so" \
     --out "$RESULTS/torch-part-synced.json"
 fi
+# ORDER_AB=1: the torch part again with gmm's tiles all claimed in turn (SLUICE_GMM_TILE_ORDER=1,
+# the order before session 43), merged into gmm-<date>-order1.md beside the default's file; then the
+# default once more (torch-part-r2), so that the old order sits between two runs of the new
+if [ "${ORDER_AB:-0}" = 1 ]; then
+  SLUICE_GMM_TILE_ORDER=1 timeout 600 python3 bench/bench_gmm.py --part torch \
+    --lib "$BUILD/libsluice_gpu.so" --out "$RESULTS/torch-part-order1.json"
+  timeout 600 python3 bench/bench_gmm.py --part torch --lib "$BUILD/libsluice_gpu.so" \
+    --out "$RESULTS/torch-part-r2.json"
+fi
 if [ "${SKIP_JAX:-0}" != 1 ]; then
   timeout 600 python3 bench/bench_gmm.py --part jax --out "$RESULTS/jax-part.json"
 fi
@@ -28,6 +37,12 @@ python3 bench/bench_gmm.py --merge "$RESULTS/torch-part.json" "$RESULTS/jax-part
 if [ "${SYNCED:-0}" = 1 ]; then
   python3 bench/bench_gmm.py --merge "$RESULTS/torch-part-synced.json" "$RESULTS/jax-part.json" \
     --md "$RESULTS/gmm-$stamp-synced.md" --json "$RESULTS/gmm-$stamp-synced.json"
+fi
+if [ "${ORDER_AB:-0}" = 1 ]; then
+  for part in order1 r2; do
+    python3 bench/bench_gmm.py --merge "$RESULTS/torch-part-$part.json" "$RESULTS/jax-part.json" \
+      --md "$RESULTS/gmm-$stamp-$part.md" --json "$RESULTS/gmm-$stamp-$part.json"
+  done
 fi
 # The same implementations each alone and back to back (bench/clocks_gmm.py): the chip runs at its
 # power cap, and a kernel's own power draw sets its clock only when it runs alone for a while.

@@ -39,10 +39,11 @@ struct GmmArgs {
                           * box (as before session 22) instead of one per warpgroup's 64-row half;
                           * set by the launcher where n is not a multiple of the box's columns, and
                           * a dev A/B knob */
-  int tile_order = 0; /* sm90 run-time-claim variants, dev A/B only: 0 the op's own order (gmm: by
-                       * a fixed stride but the last kClaimedWaves waves, claimed in turn; tgmm:
-                       * every tile claimed in turn), 1 every tile claimed in turn (gmm's order
-                       * before session 43), 2 every tile by a fixed stride (sm90_gmm.cu) */
+  /* sm90 run-time-claim variants, A/B only (SLUICE_GMM_TILE_ORDER): 0 the op's own order (gmm:
+   * by a fixed stride but the last kClaimedWaves waves, claimed in turn; tgmm: every tile claimed
+   * in turn), 1 every tile claimed in turn (gmm's order before session 43), 2 every tile by a
+   * fixed stride (sm90_gmm.cu) */
+  int tile_order = 0;
 };
 
 /* Group table layout, in ints: [lo, hi, total_tiles, pad, start[GL], end[GL], tile_prefix[GL+1],

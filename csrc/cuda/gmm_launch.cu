@@ -70,6 +70,19 @@ int forced_sm90_variant(bool tgmm) {
   return v[tgmm];
 }
 
+/* SLUICE_GMM_TILE_ORDER=<n>: the sm90 run-time-claim kernels' tile order for both ops
+ * (GmmArgs::tile_order: 1 every tile claimed in turn, gmm's order before session 43; 2 every tile
+ * by a fixed stride), so that the benchmark and the training step can compare orders through the
+ * public API. Read once; unset or not 1-2: each op's own order (0). */
+int forced_tile_order() {
+  static int v = -1; /* not read yet; a racing first read stores the same value */
+  if (v == -1) {
+    const char *e = getenv("SLUICE_GMM_TILE_ORDER");
+    v = (e && (!strcmp(e, "1") || !strcmp(e, "2"))) ? e[0] - '0' : 0;
+  }
+  return v;
+}
+
 /* SLUICE_GMM_SMS=<n> caps the persistent kernels' grid at n SMs (1..the device's), leaving the
  * rest to work XLA runs beside them on another stream (sluice.ep's exchange with setup(stream=)).
  * Read once; unset: every SM. */
@@ -182,6 +195,7 @@ sl_status run(const char *op, bool tgmm, const sl_gmm_desc *d, const void *lhs, 
     a.in_dtype = d->lhs_dtype, a.out_dtype = d->out_dtype;
     a.transpose_rhs = tgmm ? 0 : (d->transpose_rhs != 0);
     a.skip_unused = tgmm ? 0 : (d->skip_unused_rows != 0);
+    a.tile_order = forced_tile_order();
     if (a.in_dtype == SL_DTYPE_F32) {
       st = sluice_cuda::naive_gmm_launch(a, tgmm, sms, stream);
     } else {
