@@ -42,7 +42,7 @@ struct GmmArgs {
   /* sm90 run-time-claim variants, A/B only (SLUICE_GMM_TILE_ORDER): 0 the op's own order (gmm:
    * by a fixed stride but the last kClaimedWaves waves, claimed in turn; tgmm: every tile claimed
    * in turn), 1 every tile claimed in turn (gmm's order before session 43), 2 every tile by a
-   * fixed stride (sm90_gmm.cu) */
+   * fixed stride, 3 per-group waves (sm90_gmm.cu; not yet run on a GPU) */
   int tile_order = 0;
 };
 

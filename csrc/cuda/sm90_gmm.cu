@@ -557,7 +557,28 @@ __global__ void __launch_bounds__(THREADS, 1)
                        : TGMM              ? 0
                                            : ncl * max(0, total_tiles / ncl - kClaimedWaves);
       const int base = max(stat == INT_MAX ? 0 : stat, ncl);
-      auto after = [&](int t) { return t + ncl < stat ? t + ncl : base + atomicAdd(counter, 1); };
+      /* tile_order 3 (dev A/B, session 43; dev/NOTES.md): per-group waves. Group r's first
+       * floor(T_r / grid) * grid tiles by the stride, group after group, so that every CTA's
+       * static work is the same; then every group's last T_r mod grid tiles, claimed in group
+       * order (claims rise for each CTA, so a forward cursor maps them). */
+      const bool waves = DYN && a.tile_order == 3;
+      int wr = 0, wk = 0, cr = 0, cacc = 0; /* the static cursor (group, wave); the claims' */
+      auto wave_next = [&]() {
+        for (; wr < GL; ++wr, wk = 0)
+          if (wk < (tile_prefix[wr + 1] - tile_prefix[wr]) / ncl)
+            return tile_prefix[wr] + cid + ncl * wk++;
+        const int q = atomicAdd(counter, 1);
+        for (; cr < GL; ++cr) {
+          const int n = tile_prefix[cr + 1] - tile_prefix[cr], R = n % ncl;
+          if (q < cacc + R) return tile_prefix[cr] + (n - R) + (q - cacc);
+          cacc += R;
+        }
+        return total_tiles;
+      };
+      auto after = [&](int t) {
+        if (waves) return wave_next();
+        return t + ncl < stat ? t + ncl : base + atomicAdd(counter, 1);
+      };
       auto next_tile = [&](int t) {
         if constexpr (DYN) {
           t = claim;
@@ -568,11 +589,12 @@ __global__ void __launch_bounds__(THREADS, 1)
           return t + ncl;
         }
       };
+      const int first = waves ? wave_next() : cid;
       if constexpr (DYN) {
-        claim = after(cid);
-        ring_put(cid);
+        claim = after(first);
+        ring_put(first);
       }
-      for (int t = cid; t < total_tiles; t = next_tile(t)) {
+      for (int t = first; t < total_tiles; t = next_tile(t)) {
         int j, m0, n0, nk, gs, ge, tok;
         decode(t, j, m0, n0, nk, gs, ge, tok);
         const bool fix = needs_fix(nk, ge - gs);

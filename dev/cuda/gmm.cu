@@ -34,10 +34,13 @@
  *      table kernel, as calls with more than 256 local groups did before session 19
  *  42  not a kernel: the library's default with its staged output stored box by box (8 TMA
  *      stores a 16-bit tile), as before session 22, instead of one store per warpgroup half
- *  43  not a kernel: the library's default with every tile by a fixed stride (CTA c: c, c + grid, ...)
- *  48  not a kernel: the library's default with every tile claimed in turn, gmm's order before
+ *  43  not a kernel: the library's default with every tile by a fixed stride (CTA c: c, c + grid,
+ * ...) 48  not a kernel: the library's default with every tile claimed in turn, gmm's order before
  *      session 43 (since then gmm claims only the last two waves' tiles: kClaimedWaves); 44-47
  *      were session 43's order experiments (bench/results/tile-order-h100-20261127/)
+ *  49  not a kernel: the library's default in per-group waves (GmmArgs::tile_order 3: each group's
+ *      whole waves by the stride, group after group, its remainder claimed at the end; written in
+ *      session 43, not yet run on a GPU)
  * (7, the ping-pong V_PP (session 2; 3-11% slower, removed in session 12, in the history at
  *  f265b23), 17-19, session 6's V_NS, V_HA, V_EW, 23-24, session 8's V_RS, V_RS4, and again 23-24,
  *  session 9's V_3W (commit 43419fc) and V_FC (6add3a9), and 26-29, session 10's V_LG2,
@@ -80,7 +83,7 @@ static const bool kTgmm = HARNESS_TGMM;
 /* HARNESS_OUT=f32: time (and check) f32 outputs instead of bf16 ones */
 static const bool kOutF32 = getenv("HARNESS_OUT") && !strcmp(getenv("HARNESS_OUT"), "f32");
 static const size_t kOutBytes = kOutF32 ? 4 : 2;
-static const int kVersions = 48;
+static const int kVersions = 49;
 /* Not kernel variants: the default one with tgmm's tiles handed out in group order instead of
  * long groups first (session 18's A/B of that order; gmm: the default as it is), and the
  * default one with its group table built by the table kernel in a workspace, as every call with
@@ -89,7 +92,7 @@ static const int kIndexOrder = 40, kWsTable = 41, kStorePerBox = 42;
 /* the default with every tile by a fixed stride (43), or every tile claimed in turn (48: gmm's
  * order before session 43); GmmArgs::tile_order. (44-47 were session 43's experiments: a stride
  * from the SM's id, from a scrambled index, the last 2 or 6 waves claimed; 46 is gmm's default.) */
-static const int kStride = 43, kClaimed = 48;
+static const int kStride = 43, kClaimed = 48, kWaves = 49;
 /* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
  * removed ones are not reused) */
 static bool version_exists(int v) {
@@ -114,9 +117,9 @@ static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
     b.store_per_box = 1;
     return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
   }
-  if (v == kStride || v == kClaimed) { /* the library's default in another tile order */
+  if (v == kStride || v == kClaimed || v == kWaves) { /* the default in another tile order */
     sluice_cuda::GmmArgs b = a;
-    b.tile_order = v == kStride ? 2 : 1;
+    b.tile_order = v == kStride ? 2 : v == kClaimed ? 1 : 3;
     return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
   }
   return sluice_cuda::sm90_gmm_launch(a, kTgmm, sms, 0, v - 2);
