@@ -30,19 +30,19 @@ struct GmmArgs {
   int m, k, n;
   int num_groups, num_local_groups;
   sl_dtype in_dtype, out_dtype;
-  int transpose_rhs;     /* gmm only */
-  int skip_unused = 0;   /* gmm: leave the rows outside the local groups unwritten */
-  int index_order = 0;   /* tgmm, dev A/B only: tiles in group order, not long groups first */
-  int table_in_ws = 0;   /* dev A/B only: the group table in the workspace even where it would fit
-                          * in shared memory (place_table) */
+  int transpose_rhs; /* gmm only */
+  int skip_unused = 0; /* gmm: leave the rows outside the local groups unwritten */
+  int index_order = 0; /* tgmm, dev A/B only: tiles in group order, not long groups first */
+  int table_in_ws = 0; /* dev A/B only: the group table in the workspace even where it would fit
+                        * in shared memory (place_table) */
   int store_per_box = 0; /* sm90: the staged output leaves in one TMA store per 64-row x 128-byte
                           * box (as before session 22) instead of one per warpgroup's 64-row half;
                           * set by the launcher where n is not a multiple of the box's columns, and
                           * a dev A/B knob */
-  /* sm90 run-time-claim variants, A/B only (SLUICE_GMM_TILE_ORDER): 0 the op's own order (gmm:
-   * by a fixed stride but the last kClaimedWaves waves, claimed in turn; tgmm: every tile claimed
-   * in turn), 1 every tile claimed in turn (gmm's order before session 43), 2 every tile by a
-   * fixed stride, 3 per-group waves (sm90_gmm.cu; not yet run on a GPU) */
+  /* sm90 run-time-claim variants, A/B only (SLUICE_GMM_TILE_ORDER): 0 the op's own order (gmm: by
+   * a fixed stride but the last kClaimedWaves waves, claimed in turn; tgmm: every tile claimed in
+   * turn), 1 every tile claimed in turn (gmm's order before session 43), 2 every tile by a fixed
+   * stride (sm90_gmm.cu) */
   int tile_order = 0;
 };
 
@@ -144,7 +144,7 @@ __device__ inline void build_group_table(const GmmArgs &a, int *tab, int bm, int
     const int j = base + threadIdx.x;
     long long t = 0;
     if (j < GL)
-      t = bm <= 0                  ? (long long)tiles_per_group
+      t = bm <= 0                   ? (long long)tiles_per_group
           : layout == kTilesMerged ? merged_units(end[j] - start[j], tiles_n)
                                    : (long long)((end[j] - start[j] + bm - 1) / bm) * tiles_n;
     long long incl = block_inclusive_scan(t, warp_sums) + carry;
@@ -173,15 +173,13 @@ __device__ inline void build_group_table(const GmmArgs &a, int *tab, int bm, int
     __shared__ int class_next[kClasses];
     int *order = tile_prefix + GL + 1;
     const long long local_rows = (long long)tab[1] - tab[0];
-    const unsigned long long limit = a.index_order ? ~0ull
-                                     : GL > 0      ? (unsigned long long)(2 * local_rows / GL)
-                                                   : 0;
+    const unsigned long long limit =
+        a.index_order ? ~0ull : GL > 0 ? (unsigned long long)(2 * local_rows / GL) : 0;
     auto size_class = [&](int j) { /* 0 up to the limit, else 1..61: longer, higher */
-                                   const unsigned r = (unsigned)(end[j] - start[j]);
-                                   if (r <= limit) return 0;
-                                   const int b =
-                                       31 - __clz(r); /* 0..30; r > limit >= 0, so r >= 1 */
-                                   return b == 0 ? 1 : 2 * b + (int)((r >> (b - 1)) & 1);
+      const unsigned r = (unsigned)(end[j] - start[j]);
+      if (r <= limit) return 0;
+      const int b = 31 - __clz(r); /* 0..30; r > limit >= 0, so r >= 1 */
+      return b == 0 ? 1 : 2 * b + (int)((r >> (b - 1)) & 1);
     };
     for (int c = threadIdx.x; c < kClasses; c += blockDim.x) class_next[c] = 0;
     __syncthreads();
@@ -199,8 +197,8 @@ __device__ inline void build_group_table(const GmmArgs &a, int *tab, int bm, int
     }
     __syncthreads();
     const int long_groups = class_next[0]; /* where class 0 starts */
-    __syncthreads();                       /* (warp 0 moves class_next[0] on below) */
-    if (long_groups == 0) {                /* no long group: index order */
+    __syncthreads(); /* (warp 0 moves class_next[0] on below) */
+    if (long_groups == 0) { /* no long group: index order */
       for (int j = threadIdx.x; j < GL; j += blockDim.x) order[j] = j;
     } else if (threadIdx.x < 32) {
       const int lane = threadIdx.x;

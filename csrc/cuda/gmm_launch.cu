@@ -72,13 +72,13 @@ int forced_sm90_variant(bool tgmm) {
 
 /* SLUICE_GMM_TILE_ORDER=<n>: the sm90 run-time-claim kernels' tile order for both ops
  * (GmmArgs::tile_order: 1 every tile claimed in turn, gmm's order before session 43; 2 every tile
- * by a fixed stride; 3 per-group waves), so that the benchmark and the training step can compare
- * orders through the public API. Read once; unset or not 1-3: each op's own order (0). */
+ * by a fixed stride), so that the benchmark and the training step can compare orders through the
+ * public API. Read once; unset or not 1-2: each op's own order (0). */
 int forced_tile_order() {
   static int v = -1; /* not read yet; a racing first read stores the same value */
   if (v == -1) {
     const char *e = getenv("SLUICE_GMM_TILE_ORDER");
-    v = (e && e[0] >= '1' && e[0] <= '3' && !e[1]) ? e[0] - '0' : 0;
+    v = (e && (e[0] == '1' || e[0] == '2') && !e[1]) ? e[0] - '0' : 0;
   }
   return v;
 }

@@ -5,9 +5,8 @@
  * the group table from the device's group_sizes at entry (gmm_common.cuh) and walks tiles
  * t = blockIdx.x, + gridDim.x, ... in the same order in producer and consumers, so no tile mixes
  * groups. The consumers share each 128x256 tile cooperatively, 64 rows each (m64n256k16). (A
- * ping-pong kernel, V_PP - each warpgroup on its own 128x128 tile, the two alternating so that
- * one's epilogue overlaps the other's mainloop - measured 3-11% slower and is in the history at
- * f265b23.)
+ * ping-pong kernel, V_PP - each warpgroup on its own 128x128 tile, the two alternating so that one's
+ * epilogue overlaps the other's mainloop - measured 3-11% slower and is in the history at f265b23.)
  *
  *   gmm   tile = (group j, 128 rows of j, BN cols). A = lhs rows [K-major, box 64x128], B = rhs[j]
  *         through a 3-d map [G_local, K, N] (N-major, boxes of 64x64) or [G_local, N, K]
@@ -26,7 +25,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,26 +134,26 @@ __host__ __device__ constexpr bool is_variant(int v) {
  * most: its clock settles 45-60 MHz lower - twice the TMA requests and barrier traffic per flop),
  * so it is not the gmm default: SLUICE_GMM_VARIANT=23 selects it. The tgmm default. */
 /* V_TM (gmm, N-major B, 16-bit outputs): V_FB whose groups with a partial last row tile of <= 64
- * rows take their last 128 + r rows (129..192: merged_rows) as "merged" tiles instead of a full
- * tile and an edge tile. The edge tile of V_FB computes its few rows against a whole 256-column
- * strip of the weights (a lone warpgroup when r <= 64, the stages needed twice as fast per flop as
- * a full tile's): measured at ~0.9 of a full tile on dsv3-gateup for 64 rows (session 6). A merged
- * tile is transposed: 128 output columns (two m64 halves, one per warpgroup) by the 129..192 rows
- * as the wgmma's N (m64nNk16, N = 160 or 192: the rows rounded up to 32), A = the weights' 64x64
- * boxes read MN-major, B = the rows of lhs K-major, both straight from the stage as the producer
- * lands them (x: one 192-row box since session 22; w: two 64x64 boxes). Two merged tiles per 256
- * columns do the work of 1.0..1.5 full tiles where V_FB spends ~1.9. Its epilogue stages the
- * transposed accumulators with stmatrix.trans, stores the whole 64-row boxes by TMA and the last
- * rows (which a TMA box would write past the group's end) from shared memory with 16-byte stores.
- * The merged tiles of a group come in its last panel, two after each column block's row tiles, so
- * they share the weights' strip with them. Measured (one H200, 2026-11-24, dev/NOTES.md session
- * 14): a merged tile of 192 rows costs ~0.91 of a full tile (82% of the pipe's rate per flop), not
- * the ~0.77 modelled, so merging pays only where the edge tile has <= 64 rows (with <= 96, tiles of
- * 224 rows, no better): in turn 0.97-1.04x of V_FB by case (geomean 1.002-1.004x in two harness
- * calls; ragged sizes +0.5..+1.9%, tile multiples level, qwen3 "halves" -2..-3%), alone under
- * sustained load +0.3..+1.9% on 7 of the 8 bench cases; bench gmm/torch 1.12-1.13x against 1.12x.
- * The gmm default since session 14 (transpose_rhs, f32 outputs and, since session 18, K < 2048 run
- * V_FB: resolve_variant). */
+ * rows take their last 128 + r rows (129..192: merged_rows) as "merged" tiles instead of a full tile and an
+ * edge tile. The edge tile of V_FB computes its few rows against a whole 256-column strip of the
+ * weights (a lone warpgroup when r <= 64, the stages needed twice as fast per flop as a full
+ * tile's): measured at ~0.9 of a full tile on dsv3-gateup for 64 rows (session 6). A merged tile
+ * is transposed: 128 output columns (two m64 halves, one per warpgroup) by the 129..192 rows as
+ * the wgmma's N (m64nNk16, N = 160 or 192: the rows rounded up to 32), A = the weights'
+ * 64x64 boxes read MN-major, B = the rows of lhs K-major, both straight from the stage as the
+ * producer lands them (x: one 192-row box since session 22; w: two 64x64 boxes). Two
+ * merged tiles per 256 columns do the work of 1.0..1.5 full tiles where V_FB spends ~1.9.
+ * Its epilogue stages the transposed accumulators with stmatrix.trans, stores the whole 64-row
+ * boxes by TMA and the last rows (which a TMA box would write past the group's end) from shared
+ * memory with 16-byte stores. The merged tiles of a group come in its last panel, two after each
+ * column block's row tiles, so they share the weights' strip with them. Measured (one H200,
+ * 2026-11-24, dev/NOTES.md session 14): a merged tile of 192 rows costs ~0.91 of a full tile
+ * (82% of the pipe's rate per flop), not the ~0.77 modelled, so merging pays only where the edge
+ * tile has <= 64 rows (with <= 96, tiles of 224 rows, no better): in turn 0.97-1.04x
+ * of V_FB by case (geomean 1.002-1.004x in two harness calls; ragged sizes +0.5..+1.9%, tile
+ * multiples level, qwen3 "halves" -2..-3%), alone under sustained load +0.3..+1.9% on 7 of the 8
+ * bench cases; bench gmm/torch 1.12-1.13x against 1.12x. The gmm default since session 14
+ * (transpose_rhs, f32 outputs and, since session 18, K < 2048 run V_FB: resolve_variant). */
 __host__ __device__ constexpr bool has_merge(int v) { return v == V_TM; }
 __host__ __device__ constexpr bool is_k32(int v) { return v == V_K32; }
 __host__ __device__ constexpr bool has_fused_boxes(int v) {
@@ -242,16 +240,12 @@ __device__ __forceinline__ void wgmma_tok(float (&acc)[128], uint64_t da, uint64
   constexpr bool BF = std::is_same<T, __nv_bfloat16>::value;
   float(&d)[NT / 2] = *reinterpret_cast<float(*)[NT / 2]>(&acc[0]);
   if constexpr (NT == 160) {
-    if constexpr (BF)
-      wgmma_m64n160k16_bf16<1, 0>(d, da, db, scale_d);
-    else
-      wgmma_m64n160k16_f16<1, 0>(d, da, db, scale_d);
+    if constexpr (BF) wgmma_m64n160k16_bf16<1, 0>(d, da, db, scale_d);
+    else wgmma_m64n160k16_f16<1, 0>(d, da, db, scale_d);
   } else {
     static_assert(NT == 192, "merged tiles are 160 or 192 rows");
-    if constexpr (BF)
-      wgmma_m64n192k16_bf16<1, 0>(d, da, db, scale_d);
-    else
-      wgmma_m64n192k16_f16<1, 0>(d, da, db, scale_d);
+    if constexpr (BF) wgmma_m64n192k16_bf16<1, 0>(d, da, db, scale_d);
+    else wgmma_m64n192k16_f16<1, 0>(d, da, db, scale_d);
   }
 }
 
@@ -286,7 +280,7 @@ __device__ __forceinline__ void stage_tok_stsm(const float (&acc)[128], uint32_t
 template <typename OT, int NREG>
 __device__ __forceinline__ void stage_half_stsm(const float (&acc)[NREG], uint32_t cbase, int warp,
                                                 int lane) {
-  const int q = lane >> 3;                            /* the matrix this lane addresses */
+  const int q = lane >> 3;                           /* the matrix this lane addresses */
   const int r = warp * 16 + (q & 1) * 8 + (lane & 7); /* its row in the 64-row half */
   const uint32_t row_base = cbase + r * 128;
 #pragma unroll
@@ -315,8 +309,8 @@ __device__ __forceinline__ void stage_f32(const float (&acc)[128], uint32_t cbas
     for (int h = 0; h < 2; ++h) {
       const int r = warp * 16 + (lane >> 2) + h * 8;
       const int c = 8 * (i - C0) + 2 * (lane & 3); /* column from the pass's first */
-      const uint32_t addr =
-          cbase + (c >> 5) * BOX_BYTES + r * 128 + ((((c & 31) >> 2) ^ (r & 7)) << 4) + (c & 3) * 4;
+      const uint32_t addr = cbase + (c >> 5) * BOX_BYTES + r * 128 +
+                            ((((c & 31) >> 2) ^ (r & 7)) << 4) + (c & 3) * 4;
       asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(acc[4 * i + 2 * h]),
                    "f"(acc[4 * i + 2 * h + 1])
                    : "memory");
@@ -382,22 +376,22 @@ __device__ unsigned long long g_sm90_trace[1024][TR_N];
 #define SL_TR_ADD(slot, d) (tr[slot] += (unsigned long long)(d))
 #define SL_TR_DECL unsigned long long tr[TR_N] = {}
 /* after a full-barrier wait that began at w0: a tile's first block counts apart, with the head */
-#define SL_TR_FULL(w0)               \
-  do {                               \
-    const long long w1_ = clock64(); \
-    if (tr_first) {                  \
-      tr[TR_FULL0] += w1_ - w0;      \
-      tr[TR_HEAD] += w0 - epi_end;   \
-      tr_first = false;              \
-    } else {                         \
-      tr[TR_FULL] += w1_ - w0;       \
-    }                                \
+#define SL_TR_FULL(w0)                           \
+  do {                                           \
+    const long long w1_ = clock64();             \
+    if (tr_first) {                              \
+      tr[TR_FULL0] += w1_ - w0;                  \
+      tr[TR_HEAD] += w0 - epi_end;               \
+      tr_first = false;                          \
+    } else {                                     \
+      tr[TR_FULL] += w1_ - w0;                   \
+    }                                            \
   } while (0)
-#define SL_TR_STORE(cond)                                  \
-  do {                                                     \
-    if (cond)                                              \
-      for (int i_ = 0; i_ < TR_N; ++i_)                    \
-        if (tr[i_]) g_sm90_trace[blockIdx.x][i_] = tr[i_]; \
+#define SL_TR_STORE(cond)                                                         \
+  do {                                                                            \
+    if (cond)                                                                     \
+      for (int i_ = 0; i_ < TR_N; ++i_)                                           \
+        if (tr[i_]) g_sm90_trace[blockIdx.x][i_] = tr[i_];                        \
   } while (0)
 #else
 #define SL_TR(x)
@@ -423,7 +417,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr bool AHEAD = has_ahead(VARIANT); /* V_AHS: also the stmatrix epilogue */
   constexpr bool DYN = is_dyn(VARIANT);
   constexpr bool FB = has_fused_boxes(VARIANT); /* (gmm with transpose_rhs: nothing to fuse) */
-  constexpr int TBN = BN, NB = TBN / 64;        /* tile columns, 64-column B boxes */
+  constexpr int TBN = BN, NB = TBN / 64; /* tile columns, 64-column B boxes */
   constexpr int SBYTES = stage_bytes_of(VARIANT);
   /* rows of a k-block, one input box, a stage's A part */
   constexpr int BKV = bk_of(VARIANT), IBOX = in_box_bytes(VARIANT), A_B = 2 * IBOX;
@@ -439,11 +433,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   uint64_t *bars = reinterpret_cast<uint64_t *>(base + STAGES * SBYTES + c_bytes_of(VARIANT));
   const uint32_t full0 = smem_u32(bars), empty0 = full0 + STAGES * 8, fixed0 = empty0 + STAGES * 8;
   const uint32_t issued0 =
-      fixed0 + STAGES * 8; /* tgmm: producer issued a block that needs fixing */
+      fixed0 + STAGES * 8;                     /* tgmm: producer issued a block that needs fixing */
   /* V_DYN's ring: slot r holds a tile index (ring0 + 4r), filled (tfull0 + 8r, the producer
    * arrives) and read by every consumer and fixer thread (tempty0 + 8r, each arrives) */
-  const uint32_t tfull0 = issued0 + STAGES * 8, tempty0 = tfull0 + RING * 8,
-                 ring0 = tempty0 + RING * 8;
+  const uint32_t tfull0 = issued0 + STAGES * 8, tempty0 = tfull0 + RING * 8, ring0 = tempty0 + RING * 8;
 
   /* units of work per group: tiles (tgmm: tiles_k x tiles_n of out[j] each) */
   const int tiles_n = (a.n + TBN - 1) / TBN, tiles_k = (a.k + BM - 1) / BM;
@@ -550,35 +543,14 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (++ring_slot == RING) ring_slot = 0, ring_phase ^= 1;
       };
       int *const counter = a.counter; /* V_DYN: the tile counter, in the workspace */
-      /* tiles below `stat` go by a fixed stride, the rest are claimed from `base` on (V_DYN's
-       * tile order) */
+      /* the tiles below `stat` go by the stride, the rest are claimed from `base` on (a claim past
+       * the last tile ends the CTA's work) */
       const int stat = a.tile_order == 1   ? 0
-                       : a.tile_order == 2 ? INT_MAX
+                       : a.tile_order == 2 ? total_tiles
                        : TGMM              ? 0
                                            : ncl * max(0, total_tiles / ncl - kClaimedWaves);
-      const int base = max(stat == INT_MAX ? 0 : stat, ncl);
-      /* tile_order 3 (dev A/B, session 43; dev/NOTES.md): per-group waves. Group r's first
-       * floor(T_r / grid) * grid tiles by the stride, group after group, so that every CTA's
-       * static work is the same; then every group's last T_r mod grid tiles, claimed in group
-       * order (claims rise for each CTA, so a forward cursor maps them). */
-      const bool waves = DYN && a.tile_order == 3;
-      int wr = 0, wk = 0, cr = 0, cacc = 0; /* the static cursor (group, wave); the claims' */
-      auto wave_next = [&]() {
-        for (; wr < GL; ++wr, wk = 0)
-          if (wk < (tile_prefix[wr + 1] - tile_prefix[wr]) / ncl)
-            return tile_prefix[wr] + cid + ncl * wk++;
-        const int q = atomicAdd(counter, 1);
-        for (; cr < GL; ++cr) {
-          const int n = tile_prefix[cr + 1] - tile_prefix[cr], R = n % ncl;
-          if (q < cacc + R) return tile_prefix[cr] + (n - R) + (q - cacc);
-          cacc += R;
-        }
-        return total_tiles;
-      };
-      auto after = [&](int t) {
-        if (waves) return wave_next();
-        return t + ncl < stat ? t + ncl : base + atomicAdd(counter, 1);
-      };
+      const int base = max(stat, ncl);
+      auto after = [&](int t) { return t + ncl < stat ? t + ncl : base + atomicAdd(counter, 1); };
       auto next_tile = [&](int t) {
         if constexpr (DYN) {
           t = claim;
@@ -589,12 +561,11 @@ __global__ void __launch_bounds__(THREADS, 1)
           return t + ncl;
         }
       };
-      const int first = waves ? wave_next() : cid;
       if constexpr (DYN) {
-        claim = after(first);
-        ring_put(first);
+        claim = after(cid);
+        ring_put(cid);
       }
-      for (int t = first; t < total_tiles; t = next_tile(t)) {
+      for (int t = cid; t < total_tiles; t = next_tile(t)) {
         int j, m0, n0, nk, gs, ge, tok;
         decode(t, j, m0, n0, nk, gs, ge, tok);
         const bool fix = needs_fix(nk, ge - gs);
@@ -812,8 +783,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                              : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
                              : "r"(cbase + r * 128 + ((c ^ (r & 7)) << 4))
                              : "memory");
-                uint4 *dst = reinterpret_cast<uint4 *>((char *)a.out +
-                                                       ((size_t)(m0 + r) * a.n + col + 8 * c) * 2);
+                uint4 *dst = reinterpret_cast<uint4 *>(
+                    (char *)a.out + ((size_t)(m0 + r) * a.n + col + 8 * c) * 2);
                 *dst = make_uint4(v0, v1, v2, v3);
               }
             }
@@ -955,7 +926,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
       SL_TR(e0);
       if constexpr (AHEAD && TGMM) { /* (gmm: nk > 0; a write here would cost C7518 there) */
-        if (nk == 0) {               /* tgmm, empty group: no wgmma defined this tile's zeros */
+        if (nk == 0) { /* tgmm, empty group: no wgmma defined this tile's zeros */
 #pragma unroll
           for (int i = 0; i < 128; ++i) acc[i] = 0.f;
         }
@@ -976,7 +947,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           constexpr int NP = F32 ? 2 : 1; /* passes */
           constexpr int PCOLS = TBN / NP, BOXC = F32 ? 32 : 64, NBOX = PCOLS / BOXC;
           constexpr int C0 = P * PCOLS / 8; /* the pass's first 8-column group */
-          if (lt == 0) bulk_wait_read0();   /* the previous store has read the staging buffer */
+          if (lt == 0) bulk_wait_read0(); /* the previous store has read the staging buffer */
           SL_TR(x0);
           SL_TR_ADD(TR_EPI_READ, x0 - e0);
           named_bar(2 + cw, 128);
@@ -1075,14 +1046,15 @@ static bool make_map(CUtensorMap *map, const void *ptr, sl_dtype dt, int rank, c
   cuuint32_t b[4], es[4] = {1, 1, 1, 1};
   for (int i = 0; i < rank; ++i) d[i] = dims[i], b[i] = box[i];
   for (int i = 0; i + 1 < rank; ++i) st[i] = strides_bytes[i];
-  CUresult r =
-      encode(map,
-             dt == SL_DTYPE_BF16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-             : dt == SL_DTYPE_F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
-                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-             (cuuint32_t)rank, const_cast<void *>(ptr), d, st, b, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             sw64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CUresult r = encode(
+      map,
+      dt == SL_DTYPE_BF16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+      : dt == SL_DTYPE_F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      (cuuint32_t)rank, const_cast<void *>(ptr), d, st, b, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      sw64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }
 
@@ -1135,7 +1107,7 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
     }
   } else {
     const uint64_t da[2] = {K, M}, sa[1] = {K * 2};
-    const uint32_t boxa[2] = {BKV, 128};    /* (V_K32: 64-byte rows, 64B swizzle) */
+    const uint32_t boxa[2] = {BKV, 128}; /* (V_K32: 64-byte rows, 64B swizzle) */
     const uint32_t boxa192[2] = {BKV, 192}; /* V_TM: a merged tile's rows */
     ok = make_map(&ma, a.lhs, a.in_dtype, 2, da, sa, boxa, BKV == 32);
     if (MERGE) ok = ok && make_map(&ma2, a.lhs, a.in_dtype, 2, da, sa, boxa192);
@@ -1176,8 +1148,8 @@ static sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   GmmArgs b;
   size_t smem;
   sl_status st = place_table(a, &b, (const void *)kernel, pipe_bytes(VARIANT), TGMM ? 0 : BM,
-                             tiles_n, tiles_k * tiles_n, MERGE ? kTilesMerged : kTilesPlain, stream,
-                             &smem, TGMM ? "tgmm (sm90)" : "gmm (sm90)");
+                             tiles_n, tiles_k * tiles_n, MERGE ? kTilesMerged : kTilesPlain,
+                             stream, &smem, TGMM ? "tgmm (sm90)" : "gmm (sm90)");
   if (st != SL_STATUS_SUCCESS) return st;
   b.store_per_box = per_box;
   cudaError_t err =

@@ -34,13 +34,10 @@
  *      table kernel, as calls with more than 256 local groups did before session 19
  *  42  not a kernel: the library's default with its staged output stored box by box (8 TMA
  *      stores a 16-bit tile), as before session 22, instead of one store per warpgroup half
- *  43  not a kernel: the library's default with every tile by a fixed stride (CTA c: c, c + grid,
- * ...) 48  not a kernel: the library's default with every tile claimed in turn, gmm's order before
- *      session 43 (since then gmm claims only the last two waves' tiles: kClaimedWaves); 44-47
+ *  43  not a kernel: the library's default with every tile by a fixed stride (CTA c: c, c + grid)
+ *  48  not a kernel: the library's default with every tile claimed in turn, gmm's order before
+ *      session 43 (since then gmm claims only its last two waves' tiles: kClaimedWaves); 44-47
  *      were session 43's order experiments (bench/results/tile-order-h100-20261127/)
- *  49  not a kernel: the library's default in per-group waves (GmmArgs::tile_order 3: each group's
- *      whole waves by the stride, group after group, its remainder claimed at the end; written in
- *      session 43, not yet run on a GPU)
  * (7, the ping-pong V_PP (session 2; 3-11% slower, removed in session 12, in the history at
  *  f265b23), 17-19, session 6's V_NS, V_HA, V_EW, 23-24, session 8's V_RS, V_RS4, and again 23-24,
  *  session 9's V_3W (commit 43419fc) and V_FC (6add3a9), and 26-29, session 10's V_LG2,
@@ -83,16 +80,14 @@ static const bool kTgmm = HARNESS_TGMM;
 /* HARNESS_OUT=f32: time (and check) f32 outputs instead of bf16 ones */
 static const bool kOutF32 = getenv("HARNESS_OUT") && !strcmp(getenv("HARNESS_OUT"), "f32");
 static const size_t kOutBytes = kOutF32 ? 4 : 2;
-static const int kVersions = 49;
+static const int kVersions = 48;
 /* Not kernel variants: the default one with tgmm's tiles handed out in group order instead of
  * long groups first (session 18's A/B of that order; gmm: the default as it is), and the
  * default one with its group table built by the table kernel in a workspace, as every call with
  * more than 256 local groups did before session 19 (place_table). */
 static const int kIndexOrder = 40, kWsTable = 41, kStorePerBox = 42;
-/* the default with every tile by a fixed stride (43), or every tile claimed in turn (48: gmm's
- * order before session 43); GmmArgs::tile_order. (44-47 were session 43's experiments: a stride
- * from the SM's id, from a scrambled index, the last 2 or 6 waves claimed; 46 is gmm's default.) */
-static const int kStride = 43, kClaimed = 48, kWaves = 49;
+/* the default in another tile order (GmmArgs::tile_order): every tile by the stride, or claimed */
+static const int kStride = 43, kClaimed = 48;
 /* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
  * removed ones are not reused) */
 static bool version_exists(int v) {
@@ -117,9 +112,9 @@ static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
     b.store_per_box = 1;
     return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
   }
-  if (v == kStride || v == kClaimed || v == kWaves) { /* the default in another tile order */
+  if (v == kStride || v == kClaimed) { /* the library's default in another tile order */
     sluice_cuda::GmmArgs b = a;
-    b.tile_order = v == kStride ? 2 : v == kClaimed ? 1 : 3;
+    b.tile_order = v == kStride ? 2 : 1;
     return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
   }
   return sluice_cuda::sm90_gmm_launch(a, kTgmm, sms, 0, v - 2);
@@ -219,25 +214,22 @@ static void print_trace(int v, const sluice_cuda::GmmArgs &a, int sms) {
     for (int i = 0; i < TR_N; ++i) sum[i] += (double)h[c][i];
   const double tiles = sum[TR_TILES], blocks = sum[TR_BLOCKS];
   if (tiles == 0) return;
-  const double acct =
-      sum[TR_HEAD] + sum[TR_FULL0] + sum[TR_FULL] + sum[TR_WAIT1] + sum[TR_WAIT0] + sum[TR_EPI];
-  printf(
-      "  trace v%d: %.1f blocks/tile; cycles per tile: consumer %.0f = head %.0f + first-full "
-      "%.0f + full %.0f + wait1 %.0f + wait0 %.0f + epilogue %.0f + other %.0f; per block "
-      "%.0f\n",
-      v, blocks / tiles, sum[TR_CONS] / tiles, sum[TR_HEAD] / tiles, sum[TR_FULL0] / tiles,
-      sum[TR_FULL] / tiles, sum[TR_WAIT1] / tiles, sum[TR_WAIT0] / tiles, sum[TR_EPI] / tiles,
-      (sum[TR_CONS] - acct) / tiles, sum[TR_CONS] / blocks);
-  printf(
-      "  trace v%d: producer per tile %.0f, empty-wait %.0f (first block %.0f); fixers wait "
-      "%.0f, work %.0f per tile\n",
-      v, sum[TR_PROD] / tiles, sum[TR_P_EMPTY] / tiles, sum[TR_P_EMPTY0] / tiles,
-      sum[TR_FIX_WAIT] / tiles, sum[TR_FIX_WORK] / tiles);
-  printf(
-      "  trace v%d: epilogue per tile: store-read wait %.0f, barriers %.0f, staging %.0f, "
-      "fence %.0f\n",
-      v, sum[TR_EPI_READ] / tiles, sum[TR_EPI_BAR] / tiles, sum[TR_EPI_STAGE] / tiles,
-      sum[TR_EPI_FENCE] / tiles);
+  const double acct = sum[TR_HEAD] + sum[TR_FULL0] + sum[TR_FULL] + sum[TR_WAIT1] +
+                      sum[TR_WAIT0] + sum[TR_EPI];
+  printf("  trace v%d: %.1f blocks/tile; cycles per tile: consumer %.0f = head %.0f + first-full "
+         "%.0f + full %.0f + wait1 %.0f + wait0 %.0f + epilogue %.0f + other %.0f; per block "
+         "%.0f\n",
+         v, blocks / tiles, sum[TR_CONS] / tiles, sum[TR_HEAD] / tiles, sum[TR_FULL0] / tiles,
+         sum[TR_FULL] / tiles, sum[TR_WAIT1] / tiles, sum[TR_WAIT0] / tiles, sum[TR_EPI] / tiles,
+         (sum[TR_CONS] - acct) / tiles, sum[TR_CONS] / blocks);
+  printf("  trace v%d: producer per tile %.0f, empty-wait %.0f (first block %.0f); fixers wait "
+         "%.0f, work %.0f per tile\n",
+         v, sum[TR_PROD] / tiles, sum[TR_P_EMPTY] / tiles, sum[TR_P_EMPTY0] / tiles,
+         sum[TR_FIX_WAIT] / tiles, sum[TR_FIX_WORK] / tiles);
+  printf("  trace v%d: epilogue per tile: store-read wait %.0f, barriers %.0f, staging %.0f, "
+         "fence %.0f\n",
+         v, sum[TR_EPI_READ] / tiles, sum[TR_EPI_BAR] / tiles, sum[TR_EPI_STAGE] / tiles,
+         sum[TR_EPI_FENCE] / tiles);
 }
 #endif
 
@@ -370,7 +362,7 @@ int main(int argc, char **argv) {
                           {"fine512-gateup", 131072, 512, 1024, 512, true},
                           {"fine512-down", 131072, 512, 256, 1024, true},
                           /* qwen3's neighbours: wider N, shorter K, fewer and larger groups
-                           * (session 43's tile order A/B, version 43) */
+                           * (session 43's tile-order A/B) */
                           {"qwen3-n3072", 65536, 128, 2048, 3072, true},
                           {"qwen3-k1024", 65536, 128, 1024, 1536, true},
                           {"g32-n1536", 32768, 32, 2048, 1536, true}};
@@ -404,8 +396,7 @@ int main(int argc, char **argv) {
           CK(cudaEventRecord(e1));
           CK(cudaEventSynchronize(e1));
           if (st != SL_STATUS_SUCCESS) {
-            printf("version %d failed: %s (%s)\n", versions[i], sl_status_string(st),
-                   sl_last_error());
+            printf("version %d failed: %s (%s)\n", versions[i], sl_status_string(st), sl_last_error());
             exit(1);
           }
           float t;
@@ -429,7 +420,7 @@ int main(int argc, char **argv) {
     }
   }
   printf("%s\n", getenv("HARNESS_NOCHECK") ? "(correctness not checked: HARNESS_NOCHECK)"
-                 : wrong                   ? "CORRECTNESS FAILED"
-                                           : "all versions correct");
+                 : wrong                      ? "CORRECTNESS FAILED"
+                                              : "all versions correct");
   return wrong ? 1 : 0;
 }

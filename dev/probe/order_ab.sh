@@ -4,8 +4,8 @@
 # alone; NCU_CASES="version:shape ...", NCU_FULL=1 for the full set, NCU_METRICS for more) on
 # uniform sizes: cycles, SM clock, L2 and DRAM bytes. Versions (dev/cuda/gmm.cu): 35 / 20 the
 # default (gmm: by stride but the last two waves), 43 every tile by stride, 48 every tile claimed
-# (gmm's order before session 43), 49 per-group waves (not yet run). For tgmm: OP=tgmm
-# SPECS="25,49:<shapes>". Writes $OUT/order.txt and $OUT/z.tgz.
+# (gmm's order before session 43). For tgmm: OP=tgmm SPECS="25,43,48:<shapes>". Writes
+# $OUT/order.txt and $OUT/z.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/order-out}
@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 export BUILD=${BUILD:-build-gpu}
 DEV=1 tests/gpu/build.sh >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader; } >"$OUT/order.txt"
-for spec in ${SPECS:-"35,48,49:qwen3-30b-up,qwen3-n3072,g32-n1536" "20,48,49:qwen3-k1024,dsv3proxy-gateup,dsv3proxy-down,fine512-gateup,fine512-down"}; do
+for spec in ${SPECS:-"35,48,43:qwen3-30b-up,qwen3-n3072,g32-n1536" "20,48,43:qwen3-k1024,dsv3proxy-gateup,dsv3proxy-down,fine512-gateup,fine512-down"}; do
   IFS=: read -r vers shapes <<<"$spec"
   for r in 1 2; do
     [ $r = 2 ] && vers=$(echo "$vers" | awk -F, '{for (i = NF; i > 0; --i) printf "%s%s", $i, (i > 1 ? "," : "")}')
