@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything of the grouped GEMM that one GPU can check and time, in one call (for the device tool,
 # whose calls end at 10 minutes and return at most 8 files), in the order that matters most:
-#   1. build: tests/gpu/build.sh (test binaries, libsluice_gpu.so for ctypes) and, at the same time,
+#   1. build: tests/gpu/build.sh (test binaries, libsluice_gpu.so for ctypes; SKIP_BUILD=1 keeps a warm
+#      machine's earlier build) and, at the same time,
 #      the CMake library the JAX tests load (build/, sm_90a only)
 #   2. the GPU test suite (tests/gpu/run.sh: plain, memcheck, racecheck, synccheck, initcheck,
 #      SLUICE_DEBUG, the bounded wait; TESTS=0 leaves it out)
@@ -40,8 +41,12 @@ el() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$SUM"; }
 ( cmake -B build -DPython_EXECUTABLE="$(command -v python3)" -DCMAKE_CUDA_ARCHITECTURES=90a-real &&
   cmake --build build -j 8 --target sluice ) >"$LOGS/cmake.log" 2>&1 &
 cmake_pid=$!
-tests/gpu/build.sh >"$LOGS/build.log" 2>&1 || { tail -30 "$LOGS/build.log"; exit 1; }
-el "built $BUILD"
+if [ "${SKIP_BUILD:-0}" = 1 ] && [ -x "$BUILD/test_gmm" ]; then
+  el "kept $BUILD (SKIP_BUILD=1: a warm machine's earlier build)"
+else
+  tests/gpu/build.sh >"$LOGS/build.log" 2>&1 || { tail -30 "$LOGS/build.log"; exit 1; }
+  el "built $BUILD"
+fi
 if [ "${TESTS:-1}" = 1 ]; then
   SKIP_BUILD=1 LOGS=$LOGS tests/gpu/run.sh 2>&1 | tee -a "$SUM"
   el "GPU suite done"
