@@ -44,10 +44,6 @@ struct GmmArgs {
    * turn), 1 every tile claimed in turn (gmm's order before session 43), 2 every tile by a fixed
    * stride (sm90_gmm.cu) */
   int tile_order = 0;
-  /* sm90 gmm, A/B only (SLUICE_GMM_K_ORDER=1): the tiles of odd waves (t / grid odd) walk their
-   * K blocks from the last to the first, so that a wave starts on the blocks the wave before it
-   * loaded last, while they are still in L2 (sm90_gmm.cu) */
-  int k_serpentine = 0;
 };
 
 /* Group table layout, in ints: [lo, hi, total_tiles, pad, start[GL], end[GL], tile_prefix[GL+1],

@@ -83,17 +83,6 @@ int forced_tile_order() {
   return v;
 }
 
-/* SLUICE_GMM_K_ORDER=1: sm90 gmm's odd waves walk K backwards (GmmArgs::k_serpentine), an A/B
- * through the public API. Read once; unset or anything else: K forwards in every tile. */
-int forced_k_serpentine() {
-  static int v = -1; /* not read yet; a racing first read stores the same value */
-  if (v == -1) {
-    const char *e = getenv("SLUICE_GMM_K_ORDER");
-    v = (e && e[0] == '1' && !e[1]) ? 1 : 0;
-  }
-  return v;
-}
-
 /* SLUICE_GMM_SMS=<n> caps the persistent kernels' grid at n SMs (1..the device's), leaving the
  * rest to work XLA runs beside them on another stream (sluice.ep's exchange with setup(stream=)).
  * Read once; unset: every SM. */
@@ -207,7 +196,6 @@ sl_status run(const char *op, bool tgmm, const sl_gmm_desc *d, const void *lhs, 
     a.transpose_rhs = tgmm ? 0 : (d->transpose_rhs != 0);
     a.skip_unused = tgmm ? 0 : (d->skip_unused_rows != 0);
     a.tile_order = forced_tile_order();
-    a.k_serpentine = forced_k_serpentine();
     if (a.in_dtype == SL_DTYPE_F32) {
       st = sluice_cuda::naive_gmm_launch(a, tgmm, sms, stream);
     } else {

@@ -569,9 +569,6 @@ __global__ void __launch_bounds__(THREADS, 1)
         int j, m0, n0, nk, gs, ge, tok;
         decode(t, j, m0, n0, nk, gs, ge, tok);
         const bool fix = needs_fix(nk, ge - gs);
-        /* gmm, k_serpentine: an odd wave's tiles take their K blocks last to first (the sum's
-         * order is then the tile index's and the grid's, not the run's) */
-        const bool krev = !TGMM && a.k_serpentine && ((t / ncl) & 1);
         if (MERGE && tok) {
           /* a merged tile: x rows [m0, m0 + 192) in one box (rows past the tile's 129..192 are
            * loaded, and their columns of the accumulator never stored; TMA zero-fills past M);
@@ -584,7 +581,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             mbar_wait(empty0 + 8 * s, phase ^ 1);
             mbar_expect_tx(full, bytes);
             const uint32_t sa = stage0 + s * SBYTES;
-            const int k0 = (krev ? nk - 1 - kb : kb) * BKV;
+            const int k0 = kb * BKV;
             tma_load_2d(sa, &map_a2, k0, m0, full);
             tma_load_4d(sa + 2 * A_BYTES, &map_b2, 0, k0, n0 / 64, j, full);
             if (++s == STAGES) s = 0, phase ^= 1;
@@ -613,7 +610,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 tma_load_2d(sb + i * BOX_BYTES, &map_b, n0 + 64 * i, r0, full);
             }
           } else {
-            const int k0 = (krev ? nk - 1 - kb : kb) * BKV;
+            const int k0 = kb * BKV;
             tma_load_2d(sa, &map_a, k0, m0, full);
             if (TRANS_B) {
               tma_load_3d(sb, &map_b, k0, n0, j, full);

@@ -80,7 +80,7 @@ static const bool kTgmm = HARNESS_TGMM;
 /* HARNESS_OUT=f32: time (and check) f32 outputs instead of bf16 ones */
 static const bool kOutF32 = getenv("HARNESS_OUT") && !strcmp(getenv("HARNESS_OUT"), "f32");
 static const size_t kOutBytes = kOutF32 ? 4 : 2;
-static const int kVersions = 49;
+static const int kVersions = 48;
 /* Not kernel variants: the default one with tgmm's tiles handed out in group order instead of
  * long groups first (session 18's A/B of that order; gmm: the default as it is), and the
  * default one with its group table built by the table kernel in a workspace, as every call with
@@ -88,13 +88,11 @@ static const int kVersions = 49;
 static const int kIndexOrder = 40, kWsTable = 41, kStorePerBox = 42;
 /* the default in another tile order (GmmArgs::tile_order): every tile by the stride, or claimed */
 static const int kStride = 43, kClaimed = 48;
-/* the default with odd waves' K blocks last to first (GmmArgs::k_serpentine; gmm only) */
-static const int kSerpentine = 49;
 /* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
  * removed ones are not reused) */
 static bool version_exists(int v) {
   return v == 1 || v == kIndexOrder || v == kWsTable || v == kStorePerBox || v == kStride ||
-         v == kClaimed || (v == kSerpentine && !kTgmm) || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2));
+         v == kClaimed || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2));
 }
 
 static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
@@ -117,11 +115,6 @@ static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
   if (v == kStride || v == kClaimed) { /* the library's default in another tile order */
     sluice_cuda::GmmArgs b = a;
     b.tile_order = v == kStride ? 2 : 1;
-    return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
-  }
-  if (v == kSerpentine) { /* the library's default, odd waves' K blocks last to first */
-    sluice_cuda::GmmArgs b = a;
-    b.k_serpentine = 1;
     return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
   }
   return sluice_cuda::sm90_gmm_launch(a, kTgmm, sms, 0, v - 2);

@@ -38,8 +38,6 @@ step memcheck-fewsms env SLUICE_GMM_SMS=3 compute-sanitizer --tool memcheck --er
 # the other tile orders (SLUICE_GMM_TILE_ORDER: 1 every tile claimed, 2 every tile by stride), both ops
 step order1 env SLUICE_GMM_SMS=3 SLUICE_GMM_TILE_ORDER=1 "$BUILD/test_gmm"
 step order2 env SLUICE_GMM_SMS=3 SLUICE_GMM_TILE_ORDER=2 "$BUILD/test_gmm"
-# gmm with odd waves' K blocks last to first (SLUICE_GMM_K_ORDER=1, an A/B setting)
-step kserp env SLUICE_GMM_SMS=3 SLUICE_GMM_K_ORDER=1 "$BUILD/test_gmm"
 step debug env SLUICE_DEBUG=1 "$BUILD/test_gmm" --debug
 step waitbound "$BUILD/test_wait_bound"
 for v in ${VARIANTS:-}; do
