@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# A/B of a library setting chosen by environment (e.g. SLUICE_GMM_K_ORDER=1) on one GPU in one call:
+# A/B of a library setting chosen by environment (e.g. SLUICE_GMM_TILE_ORDER=1) on one GPU in one call:
 #   1. test_gmm with the setting, on every SM and on 3 SMs (many waves a case), and memcheck on 3 SMs
 #   2. dev/probe/order_ab.sh: the dev harness in turn (SPECS) and Nsight Compute (NCU_CASES)
 #   3. bench/clocks_gmm.py --part sustained: IMPLS alone under load, without and with the setting,
 #      ROUNDS times in turn (the chip's clock follows the kernel's own power draw only there)
-# AB_ENV="NAME=value ..." is the setting (session 44: SLUICE_GMM_K_ORDER=1, since removed). Writes $OUT/env_ab.txt, $OUT/order.txt and $OUT/z.tgz.
+# AB_ENV="NAME=value ..." is the setting (session 44 also ran SLUICE_GMM_K_ORDER=1, since removed).
+# Writes $OUT/env_ab.txt, $OUT/order.txt, $OUT/z.tgz (order_ab.sh's) and $OUT/z2.tgz (the logs).
 #   AB_ENV=SLUICE_GMM_TILE_ORDER=1 SPECS="35,48:dsv3-gateup-ep8" NCU_CASES="35:dsv3-gateup-ep8 48:dsv3-gateup-ep8" \
 #     dev/probe/env_ab.sh
 set -uo pipefail
