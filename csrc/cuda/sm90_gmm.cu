@@ -191,6 +191,13 @@ constexpr int RING = 4; /* V_DYN: tile indices in flight from the producer to th
  * claimed waves are as good as six. tgmm claims every tile: its tiles (long groups first) differ
  * in cost by their group's rows, and a stride lost 9-13% on skewed sizes. */
 constexpr int kClaimedWaves = 2;
+/* ...except where K >= kClaimAllK: there gmm claims every tile, as tgmm does (measured, not yet
+ * explained). On dsv3-gateup (K 7168, 112 k-blocks a tile) the stride cost cycles on both cards:
+ * one H100, Nsight Compute 3.862 vs 3.829 M cycles, alone under load 1.3% slower
+ * (bench/results/s44-h100-20261127/); one H200, in turn 1.8-2.6% slower, the old order's figures
+ * those of 2026-11-25 (bench/results/s53-h200-20261128/). At K 2048 (dsv3-down, qwen3) and below
+ * (the model's shapes) the stride gained on both cards; mixtral (K 4096) was level. */
+constexpr int kClaimAllK = 4096;
 __host__ __device__ constexpr size_t pipe_bytes(int v) {
   return 1024 /* alignment slack */ + (size_t)stages_of(v) * stage_bytes_of(v) + c_bytes_of(v) +
          4 * stages_of(v) * 8 +
@@ -545,9 +552,9 @@ __global__ void __launch_bounds__(THREADS, 1)
       int *const counter = a.counter; /* V_DYN: the tile counter, in the workspace */
       /* the tiles below `stat` go by the stride, the rest are claimed from `base` on (a claim past
        * the last tile ends the CTA's work) */
-      const int stat = a.tile_order == 1   ? 0
+      const bool claim_all = a.tile_order == 1 || (!a.tile_order && (TGMM || a.k >= kClaimAllK));
+      const int stat = claim_all ? 0
                        : a.tile_order == 2 ? total_tiles
-                       : TGMM              ? 0
                                            : ncl * max(0, total_tiles / ncl - kClaimedWaves);
       const int base = max(stat, ncl);
       auto after = [&](int t) { return t + ncl < stat ? t + ncl : base + atomicAdd(counter, 1); };
