@@ -194,8 +194,8 @@ constexpr int kClaimedWaves = 2;
 /* ...except where K >= kClaimAllK: there gmm claims every tile, as tgmm does (measured, not yet
  * explained). On dsv3-gateup (K 7168, 112 k-blocks a tile) the stride cost cycles on both cards:
  * one H100, Nsight Compute 3.862 vs 3.829 M cycles, alone under load 1.3% slower
- * (bench/results/s44-h100-20261127/); one H200, in turn 1.8-2.6% slower, the old order's figures
- * those of 2026-11-25 (bench/results/s53-h200-20261128/). At K 2048 (dsv3-down, qwen3) and below
+ * (bench/results/s44-h100-20261127/); one H200, in turn 1.8-2.6% slower, alone 3.5-4.9%
+ * (bench/results/s53-h200-20261128/). At K 2048 (dsv3-down, qwen3) and below
  * (the model's shapes) the stride gained on both cards; mixtral (K 4096) was level. */
 constexpr int kClaimAllK = 4096;
 __host__ __device__ constexpr size_t pipe_bytes(int v) {
