@@ -73,7 +73,8 @@ int forced_sm90_variant(bool tgmm) {
 /* SLUICE_GMM_TILE_ORDER=<n>: the sm90 run-time-claim kernels' tile order for both ops
  * (GmmArgs::tile_order: 1 every tile claimed in turn, gmm's order before session 43; 2 every tile
  * by a fixed stride), so that the benchmark and the training step can compare orders through the
- * public API. Read once; unset or not 1-2: each op's own order (0: sm90_gmm.cu, kClaimedWaves). */
+ * public API. Read once; unset or not 1-2: each op's own order (0: sm90_gmm.cu, kClaimedWaves and
+ * kClaimAllK). */
 int forced_tile_order() {
   static int v = -1; /* not read yet; a racing first read stores the same value */
   if (v == -1) {
