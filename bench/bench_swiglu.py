@@ -49,14 +49,22 @@ def timeit(f, args, reps):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="JSON file, rewritten after every case")
+    p.add_argument(
+        "--shapes",
+        default=",".join(SHAPES),
+        help=f"comma-separated subset of {','.join(SHAPES)}",
+    )
     p.add_argument(
         "--skip-ragged",
         action="store_true",
         help="time sluice only (A/B runs of kernel variants through SLUICE_*_VARIANT)",
     )
     args = p.parse_args()
-    rng = np.random.default_rng(0)
+    names = [s for s in args.shapes.split(",") if s]
+    unknown = [s for s in names if s not in SHAPES]
+    if unknown:
+        p.error(f"--shapes: unknown {unknown}; expected a subset of {list(SHAPES)}")
     dev = jax.devices()[0]
     results = {
         "device": dev.device_kind,
@@ -68,7 +76,10 @@ def main():
         f"{'shape':12s} {'dist':8s} {'sluice ms':>10s} {'ragged ms':>10s} {'sluice TF/s':>12s} "
         f"{'ragged TF/s':>12s} {'speed-up':>9s} {'grad rel err':>12s}"
     )
-    for name, (m, g, h, f) in SHAPES.items():
+    for name in names:
+        m, g, h, f = SHAPES[name]
+        # One generator per shape, so a --shapes subset draws the same sizes as the full run.
+        rng = np.random.default_rng([0, list(SHAPES).index(name)])
         for dist in ("uniform", "skewed"):
             pr = rng.dirichlet(np.full(g, 0.3)) if dist == "skewed" else np.full(g, 1 / g)
             gs = jnp.asarray(rng.multinomial(m, pr), jnp.int32)
@@ -90,6 +101,7 @@ def main():
                 "g": g,
                 "h": h,
                 "f": f,
+                "group_rows_min_max": [int(gs.min()), int(gs.max())],
                 "sluice_ms": t_s * 1e3,
                 "sluice_tflops": flops / t_s / 1e12,
             }
@@ -97,7 +109,7 @@ def main():
                 print(
                     f"{name:12s} {dist:8s} {t_s * 1e3:10.2f} {'-':>10s} {flops / t_s / 1e12:12.1f}"
                 )
-                results["cases"].append(case)
+                save(results, case, args.out)
                 continue
             try:
                 t_r = timeit(rd_f, a, max(3, args.reps // 3))
@@ -125,10 +137,15 @@ def main():
                     f"{name:12s} {dist:8s} {t_s * 1e3:10.2f} {'failed':>10s} "
                     f"{flops / t_s / 1e12:12.1f}  ragged_dot: {case['ragged_error'][:60]}"
                 )
-            results["cases"].append(case)
+            save(results, case, args.out)
             del gs_f, rd_f
-    if args.out:
-        with open(args.out, "w") as fh:
+
+
+def save(results, case, out):
+    """Append a case and rewrite the JSON, so a run cut short by a time limit keeps what it measured."""
+    results["cases"].append(case)
+    if out:
+        with open(out, "w") as fh:
             json.dump(results, fh, indent=1)
 
 

@@ -8,6 +8,8 @@
 #      SLUICE_DEBUG, the bounded wait; TESTS=0 leaves it out)
 #   3. the JAX-level GPU tests (tests/gpu/test_jax_gpu.py: sluice.gmm/tgmm through XLA's CUDA FFI;
 #      JAX=0 leaves them out)
+#   3b. SWIGLU=1 (optional): bench/bench_swiglu.py, the SwiGLU block's jax.grad through sluice.gmm
+#      and through ragged_dot (SWIGLU_SHAPES: a comma-separated subset) -> swiglu-$STAMP.{json,log}
 #   4. HARNESS="op:versions[:shapes] ..." (optional, e.g. "tgmm:25,40:dsv3proxy-gateup,dsv3-down-ep8"):
 #      each spec's dev harness (build-gpu/<op>), its versions checked then timed in turn (shapes:
 #      full names, comma-separated) -> harness-<op>-$STAMP.txt
@@ -41,7 +43,9 @@ el() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$SUM"; }
 ( cmake -B build -DPython_EXECUTABLE="$(command -v python3)" -DCMAKE_CUDA_ARCHITECTURES=90a-real &&
   cmake --build build -j 8 --target sluice ) >"$LOGS/cmake.log" 2>&1 &
 cmake_pid=$!
-if [ "${SKIP_BUILD:-0}" = 1 ] && [ -x "$BUILD/test_gmm" ]; then
+if [ "${TESTS:-1}${BENCH:-1}${FINE:-0}" = 000 ] && [ -z "${HARNESS:-}" ]; then
+  el "no test binaries needed (TESTS=0 BENCH=0, no HARNESS or FINE): $BUILD not built"
+elif [ "${SKIP_BUILD:-0}" = 1 ] && [ -x "$BUILD/test_gmm" ]; then
   el "kept $BUILD (SKIP_BUILD=1: a warm machine's earlier build)"
 else
   tests/gpu/build.sh >"$LOGS/build.log" 2>&1 || { tail -30 "$LOGS/build.log"; exit 1; }
@@ -59,6 +63,12 @@ elif wait $cmake_pid; then
   el "JAX GPU tests: $(tail -1 "$LOGS/test_jax_gpu.log")"
 else
   el "CMake build failed: $(tail -3 "$LOGS/cmake.log")"
+fi
+if [ "${SWIGLU:-0}" = 1 ]; then
+  PYTHONPATH=$PWD/python timeout "${SWIGLU_LIMIT_S:-400}" python3 bench/bench_swiglu.py \
+    ${SWIGLU_SHAPES:+--shapes "$SWIGLU_SHAPES"} --out "$OUT/swiglu-$STAMP.json" >"$LOGS/swiglu.log" 2>&1
+  el "SwiGLU jax.grad: rc $?"
+  cp "$LOGS/swiglu.log" "$OUT/swiglu-$STAMP.log"
 fi
 for spec in ${HARNESS:-}; do
   IFS=: read -r hop hvers hshapes <<<"$spec"
