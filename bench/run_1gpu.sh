@@ -39,6 +39,10 @@ el() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$SUM"; }
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit,memory.total --format=csv
   nvcc --version | tail -2
   python3 -c 'import jax, torch; print("python", __import__("sys").version.split()[0], "jax", jax.__version__, "torch", torch.__version__)'
+  # The device's copy of .git can lag the working tree it runs, so name the sources by their content:
+  # the same command in a checkout of a commit says whether that commit's kernels are the ones measured.
+  echo "sources sha256 (csrc include CMakeLists.txt): $(find csrc include CMakeLists.txt -type f -print0 |
+    LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)"
 } >>"$SUM" 2>&1
 ( cmake -B build -DPython_EXECUTABLE="$(command -v python3)" -DCMAKE_CUDA_ARCHITECTURES=90a-real &&
   cmake --build build -j 8 --target sluice ) >"$LOGS/cmake.log" 2>&1 &
