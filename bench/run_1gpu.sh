@@ -2,8 +2,8 @@
 # Everything of the grouped GEMM that one GPU can check and time, in one call (for the device tool,
 # whose calls end at 10 minutes and return at most 8 files), in the order that matters most:
 #   1. build: tests/gpu/build.sh (test binaries, libsluice_gpu.so for ctypes; SKIP_BUILD=1 keeps a warm
-#      machine's earlier build) and, at the same time,
-#      the CMake library the JAX tests load (build/, sm_90a only)
+#      machine's earlier build; skipped when TESTS=0 BENCH=0 and neither HARNESS nor FINE needs it) and,
+#      at the same time, the CMake library the JAX tests and SWIGLU load (build/, sm_90a only)
 #   2. the GPU test suite (tests/gpu/run.sh: plain, memcheck, racecheck, synccheck, initcheck,
 #      SLUICE_DEBUG, the bounded wait; TESTS=0 leaves it out)
 #   3. the JAX-level GPU tests (tests/gpu/test_jax_gpu.py: sluice.gmm/tgmm through XLA's CUDA FFI;
