@@ -3,6 +3,8 @@
 # library's gmm, the probe at 3 and 4 stages, its 2-CTA A-multicast variant, cuBLAS batched, in
 # turn), then each of them once under Nsight Compute on dsv3-down (clocks left alone) with a
 # condensed summary. Everything goes to $OUT (t2-probe.txt, ncu-summary.txt, z.tgz).
+# HYBRID=1: the hybrid's timings alone (256x128 tiles for each group's multiple-of-256 rows, the
+# library for the rest; RUNS=3), no Nsight Compute.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/t2-out}
@@ -27,6 +29,15 @@ for sh in SHAPES + FINE_SHAPES:
         with open(f"{sys.argv[1]}/{sh.name}-{dist}.txt", "w") as f:
             f.write(" ".join(str(int(v)) for v in group_sizes(sh, dist)) + "\n")
 PY
+if [ "${HYBRID:-0}" = 1 ]; then # session 56: the hybrid alone (t2_probe.cu's hybrid()), RUNS times
+  for r in $(seq 1 ${RUNS:-3}); do
+    echo "== hybrid run $r" >>"$OUT/t2-probe.txt"
+    T2_HYBRID=1 T2_SIZES_DIR="$B/sizes" timeout 300 $B/t2_probe >>"$OUT/t2-probe.txt" 2>&1
+    echo "rc=$?" >>"$OUT/t2-probe.txt"
+  done
+  cat "$OUT/t2-probe.txt"
+  exit 0
+fi
 for r in $(seq 1 ${RUNS:-2}); do
   echo "== run $r" >>"$OUT/t2-probe.txt"
   T2_NOEQUAL=${T2_NOEQUAL:-} T2_SIZES_DIR="$B/sizes" timeout 400 $B/t2_probe >>"$OUT/t2-probe.txt" 2>&1
