@@ -391,6 +391,38 @@ static const RaggedShape kRaggedShapes[] = {{"dsv3-gateup-ep8", 32768, 32, 7168,
                                             {"dsv3proxy-gateup", 131072, 256, 1024, 512},
                                             {"dsv3proxy-down", 131072, 256, 256, 1024}};
 
+/* The implementations in `order` timed in turn (CUDA events around each call; two warm-up rounds,
+ * then reps; the order rotated by one every round): the median ms of each, by implementation index
+ * (0 for those not in order). */
+template <class Run>
+static std::vector<double> time_in_turn(const std::vector<int> &order, int reps, Run run) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  const int n = (int)order.size();
+  const int top = *std::max_element(order.begin(), order.end()) + 1;
+  std::vector<std::vector<float>> t(top);
+  for (int r = 0; r < reps + 2; ++r)
+    for (int v = 0; v < n; ++v) {
+      const int i = order[(r + v) % n];
+      CK(cudaEventRecord(e0));
+      run(i);
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      if (r >= 2) t[i].push_back(ms);
+    }
+  CK(cudaGetLastError());
+  std::vector<double> med(top, 0.0);
+  for (int i : order) {
+    std::sort(t[i].begin(), t[i].end());
+    med[i] = t[i][t[i].size() / 2];
+  }
+  cudaEventDestroy(e0), cudaEventDestroy(e1);
+  return med;
+}
+
 /* <dir>/<shape>-<dist>.txt into hs (G ints summing to M); false if there is no such file */
 static bool read_sizes(const char *dir, const RaggedShape &sh, const char *dist,
                        std::vector<int32_t> &hs) {
@@ -516,26 +548,7 @@ static void ragged(const char *dir, int sms, const char *only_shape, int reps) {
         CK(cudaMemcpy(hr, res, 8, cudaMemcpyDeviceToHost));
         rel[i] = hr[0] / hr[1];
       }
-      cudaEvent_t e0, e1;
-      CK(cudaEventCreate(&e0));
-      CK(cudaEventCreate(&e1));
-      std::vector<float> t[3];
-      for (int r = 0; r < reps + 2; ++r)
-        for (int v = 0; v < 3; ++v) { /* the order rotates by one every round */
-          const int i = (r + v) % 3;
-          CK(cudaEventRecord(e0));
-          run(i);
-          CK(cudaEventRecord(e1));
-          CK(cudaEventSynchronize(e1));
-          float ms;
-          CK(cudaEventElapsedTime(&ms, e0, e1));
-          if (r >= 2) t[i].push_back(ms);
-        }
-      double med[3];
-      for (int i = 0; i < 3; ++i) {
-        std::sort(t[i].begin(), t[i].end());
-        med[i] = t[i][t[i].size() / 2];
-      }
+      const std::vector<double> med = time_in_turn({0, 1, 2}, reps, run);
       const double fl = 2.0 * m * sh.k * sh.n;
       printf("%-16s %-8s %9.1f %9.1f %9.1f %7.3fx %7.3fx %9.2e %9.2e\n", sh.name, dist,
              fl / med[0] / 1e9, fl / med[1] / 1e9, fl / med[2] / 1e9, med[0] / med[1],
@@ -543,7 +556,6 @@ static void ragged(const char *dir, int sms, const char *only_shape, int reps) {
       cudaFree(x), cudaFree(w), cudaFree(sizes), cudaFree(counter), cudaFree(res);
       for (int i = 0; i < 3; ++i) cudaFree(o[i]);
       for (Geo &G : geo) cudaFree(G.tl);
-      cudaEventDestroy(e0), cudaEventDestroy(e1);
     }
   }
 }
@@ -668,27 +680,7 @@ static void hybrid(const char *dir, int sms, const char *only_shape, int reps) {
       max_diff<<<1024, 256>>>(o_hyb, o_lib, (size_t)m * n, res);
       float hres[2];
       CK(cudaMemcpy(hres, res, 8, cudaMemcpyDeviceToHost));
-      cudaEvent_t e0, e1;
-      CK(cudaEventCreate(&e0));
-      CK(cudaEventCreate(&e1));
-      std::vector<float> t[H_N];
-      for (int r = 0; r < reps + 2; ++r)
-        for (int v = 0; v < H_N; ++v) { /* the order rotates by one every round */
-          const int i = (r + v) % H_N;
-          CK(cudaEventRecord(e0));
-          run(i);
-          CK(cudaEventRecord(e1));
-          CK(cudaEventSynchronize(e1));
-          float ms;
-          CK(cudaEventElapsedTime(&ms, e0, e1));
-          if (r >= 2) t[i].push_back(ms);
-        }
-      CK(cudaGetLastError());
-      double med[H_N];
-      for (int i = 0; i < H_N; ++i) {
-        std::sort(t[i].begin(), t[i].end());
-        med[i] = t[i][t[i].size() / 2];
-      }
+      const std::vector<double> med = time_in_turn({H_LIB, H_IR, H_RI, H_INT, H_REM}, reps, run);
       printf("%-16s %-8s %5.1f%% %8.4f %8.4f %8.4f %8.4f %8.4f %6.3fx %6.3fx %9.2e\n", sh.name, dist,
              100.0 * (m - mr) / m, med[H_LIB], med[H_IR], med[H_RI], med[H_INT], med[H_REM],
              med[H_LIB] / med[H_IR], med[H_LIB] / med[H_RI], hres[0] / hres[1]);
@@ -696,7 +688,6 @@ static void hybrid(const char *dir, int sms, const char *only_shape, int reps) {
       cudaFree(x), cudaFree(w), cudaFree(o_lib), cudaFree(o_hyb), cudaFree(x_r), cudaFree(o_r);
       cudaFree(sizes), cudaFree(sizes_r), cudaFree(counter), cudaFree(counter_r), cudaFree(tl);
       cudaFree(res);
-      cudaEventDestroy(e0), cudaEventDestroy(e1);
     }
   }
 }
@@ -850,33 +841,13 @@ int main() {
       CK(cudaMemcpy(hr, res, 8, cudaMemcpyDeviceToHost));
       rel[i] = hr[0] / hr[1];
     }
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     std::vector<int> order;
     for (int i = 0; i < N_IMPL; ++i)
       if (on[i]) order.push_back(i);
-    const int nimpl = (int)order.size();
-    std::vector<float> t[N_IMPL];
-    for (int r = 0; r < reps + 2; ++r)
-      for (int v = 0; v < nimpl; ++v) { /* the order rotates by one every round */
-        const int i = order[(r + v) % nimpl];
-        CK(cudaEventRecord(e0));
-        run(i);
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r >= 2) t[i].push_back(ms);
-      }
+    const std::vector<double> med = time_in_turn(order, reps, run);
     const double fl = 2.0 * m * sh.k * sh.n;
-    double med[N_IMPL];
     printf("%-16s", sh.name);
-    for (int i : order) {
-      std::sort(t[i].begin(), t[i].end());
-      med[i] = t[i][t[i].size() / 2];
-      printf(" %12.1f", fl / med[i] / 1e9);
-    }
+    for (int i : order) printf(" %12.1f", fl / med[i] / 1e9);
     printf("\n%-16s", "");
     for (int i : order) printf(" %11.3fx", med[I_LIB] / med[i]);
     printf("\n%-16s", "");
