@@ -376,9 +376,7 @@ __global__ void max_diff(const __nv_bfloat16 *a, const __nv_bfloat16 *b, size_t 
   atomicMax(reinterpret_cast<int *>(&res[1]), __float_as_int(r));
 }
 
-/* The benchmark's shapes on its own ragged group sizes (files <dir>/<shape>-<dist>.txt, G ints:
- * bench/shapes.py's group_sizes, written by dev/probe/t2_probe.sh): the library's gmm against
- * t2r_kernel, checked (every row: the sizes sum to M) and timed in turn as above. */
+/* The benchmark's shapes (bench/shapes.py) for ragged() and hybrid() */
 struct RaggedShape {
   const char *name;
   int m, g, k, n;
@@ -450,6 +448,9 @@ static bool read_sizes(const char *dir, const RaggedShape &sh, const char *dist,
   return true;
 }
 
+/* The benchmark's shapes on its own ragged group sizes (files <dir>/<shape>-<dist>.txt, G ints:
+ * bench/shapes.py's group_sizes, written by dev/probe/t2_probe.sh): the library's gmm against
+ * t2r_kernel, checked (every row: the sizes sum to M) and timed in turn as above. */
 static void ragged(const char *dir, int sms, const char *only_shape, int reps) {
   CK(cudaFuncSetAttribute(t2::t2r_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           (int)t2::smem_of(4)));
@@ -621,11 +622,17 @@ static void hybrid(const char *dir, int sms, const char *only_shape, int reps) {
         CK(cudaMemcpy(tl, tiles.data(), tiles.size() * sizeof(int4), cudaMemcpyHostToDevice));
       fill_random<<<1024, 256>>>(x, (size_t)m * k, 1u);
       fill_random<<<1024, 256>>>(w, (size_t)G * k * n, 2u);
-      /* the remainder rows, compact, in group order */
-      for (int g = 0, gs = 0, ro = 0; g < G; gs += hs[g], ro += hr[g], ++g)
-        if (hr[g])
-          CK(cudaMemcpy(x_r + (size_t)ro * k, x + (size_t)(gs + hs[g] - hr[g]) * k,
-                        (size_t)hr[g] * k * 2, cudaMemcpyDeviceToDevice));
+      /* each group's remainder rows: compact[ro ..) <-> full[gs + hs - hr ..), cols bf16 a row */
+      auto copy_rem = [&](__nv_bfloat16 *compact, __nv_bfloat16 *full, int cols, bool to_full) {
+        for (int g = 0, gs = 0, ro = 0; g < G; gs += hs[g], ro += hr[g], ++g) {
+          if (!hr[g]) continue;
+          __nv_bfloat16 *c = compact + (size_t)ro * cols;
+          __nv_bfloat16 *f = full + (size_t)(gs + hs[g] - hr[g]) * cols;
+          CK(cudaMemcpy(to_full ? f : c, to_full ? c : f, (size_t)hr[g] * cols * 2,
+                        cudaMemcpyDeviceToDevice));
+        }
+      };
+      copy_rem(x_r, x, k, false);
       GmmArgs a;
       a.lhs = x, a.rhs = w, a.out = o_lib, a.group_sizes = sizes, a.group_offset = nullptr;
       a.table = nullptr, a.counter = counter;
@@ -672,10 +679,7 @@ static void hybrid(const char *dir, int sms, const char *only_shape, int reps) {
       run(H_IR);
       CK(cudaGetLastError());
       CK(cudaDeviceSynchronize());
-      for (int g = 0, gs = 0, ro = 0; g < G; gs += hs[g], ro += hr[g], ++g)
-        if (hr[g])
-          CK(cudaMemcpy(o_hyb + (size_t)(gs + hs[g] - hr[g]) * n, o_r + (size_t)ro * n,
-                        (size_t)hr[g] * n * 2, cudaMemcpyDeviceToDevice));
+      copy_rem(o_r, o_hyb, n, true);
       CK(cudaMemset(res, 0, 8));
       max_diff<<<1024, 256>>>(o_hyb, o_lib, (size_t)m * n, res);
       float hres[2];
