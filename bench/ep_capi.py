@@ -13,6 +13,7 @@ import cupy as cp
 import numpy as np
 from sluice import _lib
 from sluice.ep import _CommDesc
+from sluice.ep import _EpDesc as EpDesc
 from sluice.ep import _FanDesc as FanDesc
 
 lib = _lib.lib
@@ -20,20 +21,6 @@ vp = ctypes.c_void_p
 
 BF16 = 1
 DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
-
-
-class EpDesc(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("num_tokens", ctypes.c_int64),
-        ("hidden", ctypes.c_int64),
-        ("topk", ctypes.c_int64),
-        ("num_experts", ctypes.c_int64),
-        ("num_ranks", ctypes.c_int64),
-        ("dtype", ctypes.c_int),
-        ("tag", ctypes.c_int64),
-    ]
-
 
 P = ctypes.POINTER
 lib.sl_ep_dispatch_cuda.argtypes = [ctypes.c_int64, P(EpDesc)] + [vp] * 11

@@ -167,6 +167,21 @@ class _CommDesc(ctypes.Structure):
     ]
 
 
+class _EpDesc(ctypes.Structure):
+    """Mirror of sl_ep_desc in include/sluice.h (for the C API's tests and benchmarks)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("num_tokens", ctypes.c_int64),
+        ("hidden", ctypes.c_int64),
+        ("topk", ctypes.c_int64),
+        ("num_experts", ctypes.c_int64),
+        ("num_ranks", ctypes.c_int64),
+        ("dtype", ctypes.c_int),
+        ("tag", ctypes.c_int64),
+    ]
+
+
 _TRANSPORTS = {"nvlink": 0, "ipc": 1, "nccl": 2}
 _BLOB_BYTES = 256
 _lib.lib.sl_ep_comm_create.argtypes = [ctypes.POINTER(_CommDesc), ctypes.POINTER(ctypes.c_int64)]
