@@ -129,8 +129,7 @@ def pipeline(mesh, e, out_dtype=None):
         return ep.combine(yr, recv.handle)
 
     spec = P("ep")
-    # check_vma=False: sluice.gmm's VJP does not yet mark its outputs as varying over the manual axis.
-    return shard_map(body, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec, check_vma=False)
+    return shard_map(body, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec)
 
 
 def expert_ref(wexp):
