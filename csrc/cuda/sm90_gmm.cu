@@ -376,6 +376,7 @@ enum TraceSlot {
   TR_EPI_BAR,   /* ... the two warpgroup barriers */
   TR_EPI_STAGE, /* ... the staging stores */
   TR_EPI_FENCE, /* ... the async-proxy fence */
+  TR_P_ISSUE,   /* producer: expect_tx and the stage's TMA copies issued */
   TR_N
 };
 __device__ unsigned long long g_sm90_trace[1024][TR_N];
@@ -629,6 +630,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                 tma_load_3d(sb + i * BOX_BYTES, &map_b, n0 + 64 * i, k0, j, full);
             }
           }
+          SL_TR(w2);
+          SL_TR_ADD(TR_P_ISSUE, w2 - w1);
           if (fix && kb == nk - 1) mbar_arrive(issued0 + 8 * s);
           if (++s == STAGES) s = 0, phase ^= 1;
         }

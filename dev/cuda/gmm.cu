@@ -222,10 +222,10 @@ static void print_trace(int v, const sluice_cuda::GmmArgs &a, int sms) {
          v, blocks / tiles, sum[TR_CONS] / tiles, sum[TR_HEAD] / tiles, sum[TR_FULL0] / tiles,
          sum[TR_FULL] / tiles, sum[TR_WAIT1] / tiles, sum[TR_WAIT0] / tiles, sum[TR_EPI] / tiles,
          (sum[TR_CONS] - acct) / tiles, sum[TR_CONS] / blocks);
-  printf("  trace v%d: producer per tile %.0f, empty-wait %.0f (first block %.0f); fixers wait "
-         "%.0f, work %.0f per tile\n",
+  printf("  trace v%d: producer per tile %.0f, empty-wait %.0f (first block %.0f), copies issued "
+         "%.0f; fixers wait %.0f, work %.0f per tile\n",
          v, sum[TR_PROD] / tiles, sum[TR_P_EMPTY] / tiles, sum[TR_P_EMPTY0] / tiles,
-         sum[TR_FIX_WAIT] / tiles, sum[TR_FIX_WORK] / tiles);
+         sum[TR_P_ISSUE] / tiles, sum[TR_FIX_WAIT] / tiles, sum[TR_FIX_WORK] / tiles);
   printf("  trace v%d: epilogue per tile: store-read wait %.0f, barriers %.0f, staging %.0f, "
          "fence %.0f\n",
          v, sum[TR_EPI_READ] / tiles, sum[TR_EPI_BAR] / tiles, sum[TR_EPI_STAGE] / tiles,
