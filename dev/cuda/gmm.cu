@@ -365,7 +365,13 @@ int main(int argc, char **argv) {
                            * (session 43's tile-order A/B) */
                           {"qwen3-n3072", 65536, 128, 2048, 3072, true},
                           {"qwen3-k1024", 65536, 128, 1024, 1536, true},
-                          {"g32-n1536", 32768, 32, 2048, 1536, true}};
+                          {"g32-n1536", 32768, 32, 2048, 1536, true},
+                          /* dsv3-gateup's K and N with 256-4096 rows a group: tgmm's tile length
+                           * (its contraction) swept at a fixed tile count (session 61) */
+                          {"rows256-gateup", 8192, 32, 7168, 4096, true},
+                          {"rows512-gateup", 16384, 32, 7168, 4096, true},
+                          {"rows2048-gateup", 65536, 32, 7168, 4096, true},
+                          {"rows4096-gateup", 131072, 32, 7168, 4096, true}};
   const char *modes[] = {"uniform", "ragged", "skewed", "halves"};
   /* HARNESS_SHAPES / HARNESS_MODES (substrings of the names) and HARNESS_REPS narrow the timing,
    * with HARNESS_NOCHECK=1 (no correctness pass) for a profiler: each version then runs 2 warm-up
