@@ -5,40 +5,45 @@
 # Cycles per tile = a + b * rows: a is what a tile costs besides its rows (head, drain, staging,
 # store), b the mainloop's cycles per row (16.0 at the tensor pipe's peak for a 128x256 tile:
 # 128 * 256 * 2 flops / 4096 a cycle). Nsight Compute's elapsed cycles (clock-independent) per
-# size for $VERSIONS, plus the plain harness's times, into $OUT. Binaries from $BUILD (tgmm).
+# size for $VERSIONS, plus the plain harness's times, into $OUT. Binaries from $BUILD: those named
+# in $BINS (default tgmm), e.g. BINS="tgmm tgmm-NO_STORE tgmm-STORE_L2" for the diagnostic builds
+# (-DSLUICE_DIAG_NO_STORE: the output never stored; -DSLUICE_DIAG_STORE_L2: each CTA stores every
+# tile to one region of its own, which stays in the L2).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build-sweep}
 OUT=${OUT:-/tmp/sweep-out}
 VERSIONS=${VERSIONS:-25 20}
+BINS=${BINS:-tgmm}
 SIZES="rows256-gateup rows512-gateup dsv3-gateup-ep8 rows2048-gateup rows4096-gateup"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv >"$OUT/device.txt"
+for bin in $BINS; do
 for r in 1 2; do
   HARNESS_NOCHECK=1 HARNESS_SHAPES="$SIZES" HARNESS_MODES=uniform HARNESS_REPS=15 \
-    "$BUILD/tgmm" "$(echo $VERSIONS | tr ' ' ,)" >"$OUT/plain-$r.txt" 2>&1
+    "$BUILD/$bin" "$(echo $VERSIONS | tr ' ' ,)" >"$OUT/plain-$bin-$r.txt" 2>&1
 done
 for v in $VERSIONS; do
   for s in $SIZES; do
     HARNESS_NOCHECK=1 HARNESS_SHAPES=$s HARNESS_MODES=uniform HARNESS_REPS=1 \
       timeout 300 ncu --clock-control none --kernel-name regex:gmm_kernel --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section ComputeWorkloadAnalysis --print-details all --metrics sm__cycles_elapsed.max \
-      "$BUILD/tgmm" "$v" >"$OUT/ncu-v$v-$s.txt" 2>&1
-    echo "v$v $s ncu rc=$?"
+      "$BUILD/$bin" "$v" >"$OUT/ncu-$bin-v$v-$s.txt" 2>&1
+    echo "$bin v$v $s ncu rc=$?"
   done
 done
-python3 - "$OUT" $VERSIONS <<'EOF'
+python3 - "$OUT" "$bin" $VERSIONS <<'EOF'
 import re, sys, pathlib
-out, versions = pathlib.Path(sys.argv[1]), sys.argv[2:]
+out, binary, versions = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
 rows = {"rows256-gateup": 256, "rows512-gateup": 512, "dsv3-gateup-ep8": 1024,
         "rows2048-gateup": 2048, "rows4096-gateup": 4096}
 tiles_per_sm = 32 * 56 * 16 / 132
-lines = ["tgmm, 128x256 tiles, 28,672 of them (217.2 a CTA) at every size; cycles from Nsight Compute",
+lines = [f"{binary}: 128x256 tiles, 28,672 of them (217.2 a CTA) at every size; cycles from Nsight Compute",
          "version rows  elapsed_cycles  tensor%%  cycles/tile  pipe_cycles/tile  other/tile".replace("%%", "%")]
 for v in versions:
     pts = []
     for s, r in rows.items():
-        t = (out / f"ncu-v{v}-{s}.txt").read_text()
+        t = (out / f"ncu-{binary}-v{v}-{s}.txt").read_text()
         cyc = re.search(r"sm__cycles_elapsed.max\s+cycle\s+([\d,]+)", t)
         ten = re.search(r"Tensor \(All\)\s+%\s+([\d.]+)", t)
         if not cyc:
@@ -56,6 +61,8 @@ for v in versions:
         lines.append(f"  v{v} fit: cycles/tile = {a:,.0f} + {b:.2f} * rows (max residual {res:.1%});"
                      f" at 1024 rows the fixed part is {a / (a + b * 1024):.1%} of a tile,"
                      f" the mainloop {16.0 / b:.1%} of the pipe's peak")
-(out / "summary.txt").write_text("\n".join(lines) + "\n")
+with open(out / "summary.txt", "a") as f:
+    f.write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF
+done
