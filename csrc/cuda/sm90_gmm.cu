@@ -871,12 +871,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         decode_next(); /* (AHEAD) while the last k-block drains */
         SL_TR(d0);
-#if defined(SLUICE_DIAG_NO_DRAIN) /* (diagnostic builds: the next tile's wgmmas queue behind) */
-        wgmma_wait1();
-#else
         wgmma_wait0(); /* unconditional (C7518) */
         fence_operands(acc);
-#endif
         SL_TR(d1);
         SL_TR_ADD(TR_WAIT0, d1 - d0);
         if (nk > 0) release(s == 0 ? STAGES - 1 : s - 1);
@@ -931,19 +927,14 @@ __global__ void __launch_bounds__(THREADS, 1)
          * (a wait on a conditional path before their next wgmma: C7518) */
         if (WAIT1 && (AHEAD || nk > 0)) {
           SL_TR(d0);
-#if defined(SLUICE_DIAG_NO_DRAIN)
-          wgmma_wait1();
-#else
           wgmma_wait0();
           fence_operands(acc);
-#endif
           SL_TR(d1);
           SL_TR_ADD(TR_WAIT0, d1 - d0);
           if (nk > 0) release(s == 0 ? STAGES - 1 : s - 1);
         }
       }
       SL_TR(e0);
-#if !defined(SLUICE_DIAG_NO_DRAIN)
       if constexpr (AHEAD && TGMM) { /* (gmm: nk > 0; a write here would cost C7518 there) */
         if (nk == 0) { /* tgmm, empty group: no wgmma defined this tile's zeros */
 #pragma unroll
@@ -951,22 +942,11 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
       }
 
-#endif
       /* Epilogue: thread holds rows warp*16 + lane/4 (+8), columns 8i + 2*(lane%4) (+1). */
       const int row_limit = TGMM ? a.k : ge;
       void *out =
           TGMM ? (void *)((char *)a.out + (size_t)j * a.k * a.n * dtype_bytes(a.out_dtype)) : a.out;
-#if defined(SLUICE_DIAG_NO_EPI) || defined(SLUICE_DIAG_NO_DRAIN)
-      /* dev/cuda/tile_sweep.sh's diagnostic builds only: no epilogue at all (the accumulator kept
-       * alive by a store that never happens) */
-#if !defined(SLUICE_DIAG_NO_DRAIN)
-      if (TGMM && acc[0] == -1.5e38f && acc[127] == -1.5e38f) ((float *)a.out)[threadIdx.x] = acc[1];
-#endif
-      if (TGMM) {
-      } else if (TMA_C && m0 + cw * 64 + 64 <= ge) {
-#else
       if (TMA_C && (TGMM || m0 + cw * 64 + 64 <= ge)) {
-#endif
         /* This warpgroup's 64x256 half: 4 boxes of 64x64, 128B-swizzled like the TMA map, staged
          * by stmatrix in one pass. An f32 output is twice the bytes: two passes of boxes of 64 rows
          * x 32 columns, the second after the first's store has read the buffer. */
@@ -977,24 +957,15 @@ __global__ void __launch_bounds__(THREADS, 1)
           constexpr int NP = F32 ? 2 : 1; /* passes */
           constexpr int PCOLS = TBN / NP, BOXC = F32 ? 32 : 64, NBOX = PCOLS / BOXC;
           constexpr int C0 = P * PCOLS / 8; /* the pass's first 8-column group */
-#if !defined(SLUICE_DIAG_NO_WAITREAD) /* (diagnostic builds: racy without it) */
           if (lt == 0) bulk_wait_read0(); /* the previous store has read the staging buffer */
-#endif
           SL_TR(x0);
           SL_TR_ADD(TR_EPI_READ, x0 - e0);
-#if !defined(SLUICE_DIAG_NO_BAR)
           named_bar(2 + cw, 128);
-#endif
           SL_TR(x1);
           SL_TR_ADD(TR_EPI_BAR, x1 - x0);
           if constexpr (F32) {
             stage_f32<C0, C0 + PCOLS / 8>(acc, cbase, warp, lane);
           } else {
-#if defined(SLUICE_DIAG_NO_STAGE) /* ... the staging skipped (the store writes what is there) */
-            if (TGMM && acc[0] == -1.5e38f && acc[127] == -1.5e38f)
-              ((float *)a.out)[threadIdx.x] = acc[1];
-            else
-#endif
             if (a.out_dtype == SL_DTYPE_BF16)
               stage_half_stsm<__nv_bfloat16>(acc, cbase, warp, lane);
             else
@@ -1002,14 +973,10 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
           SL_TR(x2);
           SL_TR_ADD(TR_EPI_STAGE, x2 - x1);
-#if !defined(SLUICE_DIAG_NO_FENCE)
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
           SL_TR(x3);
           SL_TR_ADD(TR_EPI_FENCE, x3 - x2);
-#if !defined(SLUICE_DIAG_NO_BAR)
           named_bar(2 + cw, 128);
-#endif
           SL_TR(x4);
           SL_TR_ADD(TR_EPI_BAR, x4 - x3);
           if (lt == 0) {
@@ -1028,19 +995,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                * {BOXC, 64, NBOX} is the staged boxes as they lie, one after another (session 22:
                * fewer TMA copies per tile) */
               const int cb = (n0 + P * PCOLS) / BOXC;
-#if defined(SLUICE_DIAG_NO_STORE)
-              /* dev/cuda/tile_sweep.sh's diagnostic builds only: what the output's store costs */
-              if (TGMM) (void)cb;
-#elif defined(SLUICE_DIAG_STORE_L2)
-              /* ... each CTA stores every tile to one 128x256 region of its own (stays in L2;
-               * needs K >= 7168 and N >= 768: the rows*-gateup shapes) */
-              if (TGMM)
-                tma_store_4d(&map_cf, cbase, 0, (int)(blockIdx.x % 56) * 128 + cw * 64,
-                             (int)(blockIdx.x / 56) * NBOX, 0);
-#else
               if (TGMM)
                 tma_store_4d(&map_cf, cbase, 0, m0 + cw * 64, cb, j);
-#endif
               else
                 tma_store_3d(&map_cf, cbase, 0, m0 + cw * 64, cb);
             }
@@ -1066,11 +1022,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       SL_TR_ADD(TR_BLOCKS, nk);
 #endif
     }
-#if defined(SLUICE_DIAG_NO_DRAIN)
-    wgmma_wait0();
-    fence_operands(acc);
-    if (TGMM && acc[0] == -1.5e38f && acc[127] == -1.5e38f) ((float *)a.out)[threadIdx.x] = acc[1];
-#endif
     if (TMA_C && lt == 0) bulk_wait0(); /* stores done before the CTA's shared memory goes away */
     SL_TR(c_end);
     SL_TR_ADD(TR_CONS, c_end - c_begin);
