@@ -1,0 +1,318 @@
+/* tgmm on 192x256 tiles against 128x256 ones, equal-size groups (session 61).
+ *
+ * Session 61's tile-length sweep (dev/cuda/tile_sweep.sh) measured what a library tgmm tile costs
+ * besides its rows: ~2,500 cycles of idle tensor pipe per 128x256 tile (13% of dsv3-gateup's
+ * 1,024-row tiles), ~1,250 of them the epilogue, ~330 the drain, ~900 the rest; the mainloop itself
+ * runs at ~99% of the pipe's peak per row. A taller tile pays that cost a third less often per flop.
+ * The probe asks how much of it comes back, before any work on the library: the library's roles and
+ * schedule (one producer thread, TMA copies of 32-row blocks, 128B-swizzled MN-major boxes as
+ * V_K32's; two consumer warpgroups, wait_group 1; the output staged by stmatrix and TMA-stored, the
+ * store's read waited for before the next staging; tiles by a fixed stride) in two geometries:
+ *   WIDE = false: 128x256 tiles, 6 stages of 24 KB, 64 KB of staging (the library's V_K32);
+ *   WIDE = true:  192x256 tiles, 4 stages of 28 KB, 96 KB of staging. Warpgroup w holds rows
+ *     64w..64w+63 against all 256 columns (m64n256, 128 registers) and rows 128..191 against
+ *     columns 128w..128w+127 (m64n128, 64 registers): 1.5 accumulators each, 192 registers.
+ * Groups are all `rows` rows (a multiple of 32); K must be a multiple of 384 (both tiles' heights),
+ * N of 256. No ragged edge, no fix-ups: what the probe leaves out.
+ *
+ * Checked against the library's tgmm on the same inputs (max |diff| / max |ref|), then the library
+ * (version 25's V_K32, by the same fixed stride as the probe: tile_order 2) and both probes timed in
+ * turn. Run it under Nsight Compute (dev/probe/tw_probe.sh) for cycles.
+ *
+ * Build: see dev/probe/tw_probe.sh. */
+
+#include <algorithm>
+#include <vector>
+
+#include "../../csrc/cuda/gmm_launch.cu"
+#include "../../csrc/cuda/sm80_gmm.cu"
+#include "../../csrc/cuda/sm90_gmm.cu"
+#include "probe.cuh"
+
+#include <string.h>
+
+using namespace sluice_cuda;
+using namespace sluice_cuda::sm90;
+
+namespace tw {
+constexpr int BKR = 32;                /* contraction rows a block */
+constexpr int IB = 64 * BKR * 2;       /* one 64-wide box of a block: 4 KB */
+template <bool WIDE> struct Geo {
+  static constexpr int TM = WIDE ? 192 : 128, TN = 256, STG = WIDE ? 4 : 6;
+  static constexpr int SA = TM / 64 * IB, SB = SA + 4 * IB; /* A part, whole stage */
+  static constexpr int CB = TM * TN * 2;                    /* staging */
+  static constexpr size_t SMEM = 1024 + (size_t)STG * SB + CB + 2 * STG * 8;
+};
+
+template <bool WIDE>
+__global__ void __launch_bounds__(384, 1)
+    tw_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+              const __grid_constant__ CUtensorMap map_c4, const __grid_constant__ CUtensorMap map_c2,
+              int rows, int k, int n, int groups, int panels) {
+#ifdef SLUICE_SM90A_DEVICE
+  using G = Geo<WIDE>;
+  constexpr int STG = G::STG, SB = G::SB, SA = G::SA;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char *base = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  const uint32_t stage0 = smem_u32(base), c_smem = stage0 + STG * SB;
+  const uint32_t full0 = c_smem + G::CB, empty0 = full0 + STG * 8;
+  const int mt_n = k / G::TM, nt_n = n / G::TN, nk = rows / BKR;
+  const int per_g = mt_n * nt_n, units = groups * per_g;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STG; ++s) mbar_init(full0 + 8 * s, 1), mbar_init(empty0 + 8 * s, 8);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  /* tile t: group g, its output rows m0.. (K), columns n0.. (N); row tiles innermost, or
+   * (panels) the library's order: panels of 16 row tiles, the column blocks inside a panel */
+  auto decode = [&](int t, int &g, int &m0, int &n0) {
+    g = t / per_g;
+    const int u = t - g * per_g;
+    int mt = u % mt_n, nt = u / mt_n;
+    if (panels) panel_raster(u, mt_n, nt_n, mt, nt);
+    m0 = mt * G::TM, n0 = nt * G::TN;
+  };
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == 0) {
+      int s = 0;
+      uint32_t phase = 0;
+      for (int t = blockIdx.x; t < units; t += gridDim.x) {
+        int g, m0, n0;
+        decode(t, g, m0, n0);
+        for (int kb = 0; kb < nk; ++kb) {
+          mbar_wait(empty0 + 8 * s, phase ^ 1);
+          const uint32_t full = full0 + 8 * s, sa = stage0 + s * SB;
+          mbar_expect_tx(full, SB);
+          const int r0 = g * rows + kb * BKR;
+          tma_load_3d(sa, &map_a, 0, r0, m0 / 64, full);
+          tma_load_3d(sa + SA, &map_b, 0, r0, n0 / 64, full);
+          if (++s == STG) s = 0, phase ^= 1;
+        }
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int cw = wg - 1, lt = threadIdx.x & 127, warp = lt >> 5, lane = lt & 31;
+  float acc[128], acx[64];
+  int s = 0;
+  uint32_t phase = 0;
+  auto release = [&](int st) {
+    if (lane == 0) mbar_arrive(empty0 + 8 * st);
+  };
+  const uint32_t cmain = c_smem + cw * (64 * 256 * 2), cx = c_smem + 2 * 64 * 256 * 2 + cw * 64 * 128 * 2;
+  for (int t = blockIdx.x; t < units; t += gridDim.x) {
+    int g, m0, n0;
+    decode(t, g, m0, n0);
+    int sd = 0;
+    for (int kb = 0; kb < nk; ++kb) {
+      mbar_wait(full0 + 8 * s, phase);
+      const uint32_t sa = stage0 + s * SB, sb = sa + SA;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BKR / 16; ++kk) {
+        const int sc = kk == 0 ? sd : 1;
+        wgmma_m64n256k16_bf16<1, 1>(acc, make_desc(sa + cw * IB + kk * 2048, IB, 1024),
+                                    make_desc(sb + kk * 2048, IB, 1024), sc);
+        if constexpr (WIDE)
+          wgmma_m64n128k16_bf16<1, 1>(acx, make_desc(sa + 2 * IB + kk * 2048, IB, 1024),
+                                      make_desc(sb + 2 * cw * IB + kk * 2048, IB, 1024), sc);
+      }
+      sd = 1;
+      wgmma_commit();
+      wgmma_wait1();
+      fence_operands(acc);
+      if constexpr (WIDE) fence64(acx);
+      if (kb > 0) release(s == 0 ? STG - 1 : s - 1);
+      if (++s == STG) s = 0, phase ^= 1;
+    }
+    wgmma_wait0();
+    fence_operands(acc);
+    if constexpr (WIDE) fence64(acx);
+    release(s == 0 ? STG - 1 : s - 1);
+    /* epilogue: this warpgroup's 64x256 (and 64x128) out through the staging buffer */
+    if (lt == 0) bulk_wait_read0(); /* the last tile's store has read the staging buffer */
+    named_bar(2 + cw, 128);
+    stage_half_stsm<__nv_bfloat16>(acc, cmain, warp, lane);
+    if constexpr (WIDE) stage_half_stsm<__nv_bfloat16>(acx, cx, warp, lane);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    named_bar(2 + cw, 128);
+    if (lt == 0) {
+      tma_store_4d(&map_c4, cmain, 0, m0 + cw * 64, n0 / 64, g);
+      if constexpr (WIDE) tma_store_4d(&map_c2, cx, 0, m0 + 128, n0 / 64 + 2 * cw, g);
+      bulk_commit();
+    }
+  }
+  if (lt == 0) bulk_wait0();
+#endif
+}
+} /* namespace tw */
+
+/* max |a - b| / max |b| over n bf16 (res: two floats, zeroed) */
+__global__ void tw_max_diff(const __nv_bfloat16 *a, const __nv_bfloat16 *b, size_t n, float *res) {
+  float d = 0.f, r = 0.f;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    const float x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+    d = fmaxf(d, isnan(x) ? INFINITY : fabsf(x - y));
+    r = fmaxf(r, fabsf(y));
+  }
+  atomicMax(reinterpret_cast<int *>(&res[0]), __float_as_int(d));
+  atomicMax(reinterpret_cast<int *>(&res[1]), __float_as_int(r));
+}
+
+struct Shape {
+  const char *name;
+  int rows, g, k, n;
+};
+/* dsv3-gateup's N with K 6,912 (7,168 is no multiple of 192), 512-2,048 rows a group; a dsv3-down
+ * like shape (K 2,304, N 7,168); a qwen3-like one (128 groups of 512 rows, K 2,304, N 1,536) */
+static const Shape kShapes[] = {{"g32-r512-k6912-n4096", 512, 32, 6912, 4096},
+                                {"g32-r1024-k6912-n4096", 1024, 32, 6912, 4096},
+                                {"g32-r2048-k6912-n4096", 2048, 32, 6912, 4096},
+                                {"g32-r1024-k2304-n7168", 1024, 32, 2304, 7168},
+                                {"g128-r512-k2304-n1536", 512, 128, 2304, 1536}};
+static const char *kImpl[5] = {"lib-v25", "tw-128x256", "tw-192x256", "tw-128-panels",
+                               "lib-claims"};
+
+int main() {
+  int dev = 0, sms = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, dev));
+  printf("tw_probe on %s (%d SMs)\n", prop.name, sms);
+  CK(cudaFuncSetAttribute(tw::tw_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          (int)tw::Geo<false>::SMEM));
+  CK(cudaFuncSetAttribute(tw::tw_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          (int)tw::Geo<true>::SMEM));
+  const char *only = getenv("TW_SHAPES"); /* substrings: run only these shapes */
+  const int reps = getenv("TW_REPS") ? atoi(getenv("TW_REPS")) : 20;
+  const char *impls = getenv("TW_IMPLS"); /* e.g. "0,2": only these (Nsight Compute runs) */
+  printf("%-24s %-12s %9s %8s %9s %s\n", "shape", "impl", "ms", "TFLOP/s", "vs lib", "check");
+  for (const Shape &sh : kShapes) {
+    if (only && !strstr(only, sh.name)) continue;
+    const int m = sh.rows * sh.g;
+    __nv_bfloat16 *x, *dy, *o[5];
+    int *sizes, *table, *counter;
+    const size_t out_n = (size_t)sh.g * sh.k * sh.n;
+    CK(cudaMalloc(&x, (size_t)m * sh.k * 2));
+    CK(cudaMalloc(&dy, (size_t)m * sh.n * 2));
+    for (int i = 0; i < 5; ++i) CK(cudaMalloc(&o[i], out_n * 2));
+    CK(cudaMalloc(&sizes, sh.g * 4));
+    CK(cudaMalloc(&table, table_ints(sh.g) * sizeof(int)));
+    CK(cudaMalloc(&counter, sizeof(int)));
+    std::vector<int> hs(sh.g, sh.rows);
+    CK(cudaMemcpy(sizes, hs.data(), sh.g * 4, cudaMemcpyHostToDevice));
+    fill_random<<<1024, 256>>>(x, (size_t)m * sh.k, 11u);
+    fill_random<<<1024, 256>>>(dy, (size_t)m * sh.n, 12u);
+    CK(cudaGetLastError());
+    /* the library: tgmm's default (V_K32) by a fixed stride, as the probe */
+    GmmArgs a;
+    a.lhs = x, a.rhs = dy, a.out = o[0], a.group_sizes = sizes, a.group_offset = nullptr;
+    a.table = table, a.counter = counter;
+    a.m = m, a.k = sh.k, a.n = sh.n, a.num_groups = sh.g, a.num_local_groups = sh.g;
+    a.in_dtype = SL_DTYPE_BF16, a.out_dtype = SL_DTYPE_BF16, a.transpose_rhs = 0;
+    a.tile_order = 2;
+    /* the probes' maps: x [M, K] as {64, M, K/64}, dy [M, N] as {64, M, N/64}, out [G, K, N] as
+     * {64, K, N/64, G} with boxes of 4 and 2 column blocks */
+    CUtensorMap ma[2], mb, mc4, mc2;
+    const uint64_t da[3] = {64, (uint64_t)m, (uint64_t)sh.k / 64}, sa[2] = {(uint64_t)sh.k * 2, 128};
+    const uint64_t db[3] = {64, (uint64_t)m, (uint64_t)sh.n / 64}, sb[2] = {(uint64_t)sh.n * 2, 128};
+    const uint64_t dc[4] = {64, (uint64_t)sh.k, (uint64_t)sh.n / 64, (uint64_t)sh.g};
+    const uint64_t sc[3] = {(uint64_t)sh.n * 2, 128, (uint64_t)sh.k * sh.n * 2};
+    const uint32_t ba2[3] = {64, tw::BKR, 2}, ba3[3] = {64, tw::BKR, 3}, bb[3] = {64, tw::BKR, 4};
+    const uint32_t bc4[4] = {64, 64, 4, 1}, bc2[4] = {64, 64, 2, 1};
+    if (!make_map(&ma[0], x, SL_DTYPE_BF16, 3, da, sa, ba2) ||
+        !make_map(&ma[1], x, SL_DTYPE_BF16, 3, da, sa, ba3) ||
+        !make_map(&mb, dy, SL_DTYPE_BF16, 3, db, sb, bb) ||
+        !make_map(&mc4, o[1], SL_DTYPE_BF16, 4, dc, sc, bc4) ||
+        !make_map(&mc2, o[2], SL_DTYPE_BF16, 4, dc, sc, bc2)) {
+      printf("tensor maps failed\n");
+      return 1;
+    }
+    CUtensorMap mc4w, mc4p; /* the 4-box map on the wide probe's output, the panel probe's */
+    if (!make_map(&mc4w, o[2], SL_DTYPE_BF16, 4, dc, sc, bc4) ||
+        !make_map(&mc4p, o[3], SL_DTYPE_BF16, 4, dc, sc, bc4))
+      return 1;
+    auto run = [&](int i) {
+      if (i == 0 || i == 4) {
+        GmmArgs b = a;
+        b.out = o[i];
+        b.tile_order = i == 0 ? 2 : 0; /* the probes' fixed stride, or the library's claims */
+        if (sm90_gmm_launch(b, true, sms, 0, -1) != SL_STATUS_SUCCESS) {
+          printf("library tgmm failed: %s\n", sl_last_error());
+          exit(1);
+        }
+      } else if (i == 1) {
+        const int units = sh.g * (sh.k / 128) * (sh.n / 256);
+        tw::tw_kernel<false><<<std::min(units, sms), 384, tw::Geo<false>::SMEM>>>(
+            ma[0], mb, mc4, mc4, sh.rows, sh.k, sh.n, sh.g, 0);
+      } else if (i == 3) {
+        const int units = sh.g * (sh.k / 128) * (sh.n / 256);
+        tw::tw_kernel<false><<<std::min(units, sms), 384, tw::Geo<false>::SMEM>>>(
+            ma[0], mb, mc4p, mc4p, sh.rows, sh.k, sh.n, sh.g, 1);
+      } else {
+        const int units = sh.g * (sh.k / 192) * (sh.n / 256);
+        tw::tw_kernel<true><<<std::min(units, sms), 384, tw::Geo<true>::SMEM>>>(
+            ma[1], mb, mc4w, mc2, sh.rows, sh.k, sh.n, sh.g, 0);
+      }
+    };
+    std::vector<int> order;
+    for (int i = 0; i < 5; ++i) {
+      char c[2] = {(char)('0' + i), 0};
+      if (!impls || strstr(impls, c)) order.push_back(i);
+    }
+    /* check: every output poisoned (0xFFFF: NaN) before its run, compared with the library's */
+    float *res;
+    CK(cudaMalloc(&res, 2 * sizeof(float)));
+    char check[5][64] = {"", "", "", "", ""};
+    for (int i : order) {
+      CK(cudaMemset(o[i], 0xFF, out_n * 2));
+      run(i);
+      CK(cudaDeviceSynchronize());
+    }
+    for (int i : order) {
+      if (i == 0 || std::find(order.begin(), order.end(), 0) == order.end()) continue;
+      CK(cudaMemset(res, 0, 2 * sizeof(float)));
+      tw_max_diff<<<1024, 256>>>(o[i], o[0], out_n, res);
+      float h[2];
+      CK(cudaMemcpy(h, res, sizeof h, cudaMemcpyDeviceToHost));
+      const float rel = h[0] / h[1];
+      snprintf(check[i], sizeof check[i], "%.2e %s", rel, rel < 1e-2f ? "OK" : "WRONG");
+    }
+    /* in turn, the order rotating each repetition, median of reps */
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<std::vector<float>> ts(5);
+    const int nimp = (int)order.size();
+    for (int r = 0; r < reps + 2; ++r)
+      for (int v = 0; v < nimp; ++v) {
+        const int i = order[(r + v) % nimp];
+        CK(cudaEventRecord(e0));
+        run(i);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 2) ts[i].push_back(ms);
+      }
+    CK(cudaGetLastError());
+    const double flops = 2.0 * m * sh.k * sh.n;
+    double lib = 0;
+    for (int i : order) {
+      std::sort(ts[i].begin(), ts[i].end());
+      const double med = ts[i][ts[i].size() / 2];
+      if (i == 0) lib = med;
+      printf("%-24s %-12s %9.3f %8.1f %8.3fx %s\n", sh.name, kImpl[i], med, flops / med / 1e9,
+             lib > 0 ? lib / med : 0.0, check[i]);
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cudaFree(res), cudaFree(x), cudaFree(dy), cudaFree(sizes), cudaFree(table), cudaFree(counter);
+    for (int i = 0; i < 5; ++i) cudaFree(o[i]);
+  }
+  return 0;
+}
