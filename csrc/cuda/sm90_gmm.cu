@@ -423,11 +423,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr bool WAIT1 = VARIANT != V_BASE; /* one k-block of wgmmas in flight */
   constexpr bool TMA_C = has_tma_c(VARIANT);
   constexpr bool AHEAD = has_ahead(VARIANT); /* V_AHS: also the stmatrix epilogue */
-#if defined(SLUICE_DIAG_NO_RING) /* (diagnostic builds: every tile by the stride, no ring) */
-  constexpr bool DYN = false;
-#else
   constexpr bool DYN = is_dyn(VARIANT);
-#endif
   constexpr bool FB = has_fused_boxes(VARIANT); /* (gmm with transpose_rhs: nothing to fuse) */
   constexpr int TBN = BN, NB = TBN / 64; /* tile columns, 64-column B boxes */
   constexpr int SBYTES = stage_bytes_of(VARIANT);
@@ -472,15 +468,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     if constexpr (DYN) {
       for (int r = 0; r < RING; ++r) {
         mbar_init(tfull0 + 8 * r, 1);
-#if defined(SLUICE_DIAG_RING_WARP) && defined(SLUICE_DIAG_NO_FIXERS)
-        mbar_init(tempty0 + 8 * r, 8);
-#elif defined(SLUICE_DIAG_RING_WARP)
-        mbar_init(tempty0 + 8 * r, 8 + (TGMM ? 3 : 0));
-#elif defined(SLUICE_DIAG_NO_FIXERS)
-        mbar_init(tempty0 + 8 * r, 32 * 8);
-#else
         mbar_init(tempty0 + 8 * r, 32 * (8 + (TGMM ? 3 : 0))); /* consumer, fixer threads */
-#endif
       }
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -491,17 +479,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   /* Decodes tile t into (group j, first row m0, first column n0, k-blocks nk, group rows; tok:
    * MERGE, the rows of a merged tile, else 0). */
   auto decode = [&](int t, int &j, int &m0, int &n0, int &nk, int &gs, int &ge, int &tok) {
-#if defined(SLUICE_DIAG_FAST_DECODE) /* (diagnostic builds: tgmm, equal groups of a.m / G rows) */
-    if (TGMM) {
-      const int per_g = tiles_k * tiles_n, rows = a.m / GL;
-      j = t / per_g;
-      gs = j * rows, ge = gs + rows, tok = 0;
-      int mt, nt;
-      panel_raster(t - j * per_g, tiles_k, tiles_n, mt, nt);
-      m0 = mt * BM, n0 = nt * TBN, nk = rows / BKV;
-      return;
-    }
-#endif
     const int r = find_group(tile_prefix, GL, t); /* tgmm: the r-th group of order[] */
     j = TGMM ? order[r] : r;
     const int u = t - tile_prefix[r];
@@ -551,12 +528,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     mbar_wait(tfull0 + 8 * ring_slot, ring_phase);
     int v;
     asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(ring0 + 4 * ring_slot) : "memory");
-#if defined(SLUICE_DIAG_RING_WARP)
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0) mbar_arrive(tempty0 + 8 * ring_slot);
-#else
     mbar_arrive(tempty0 + 8 * ring_slot);
-#endif
     if (++ring_slot == RING) ring_slot = 0, ring_phase ^= 1;
     return v;
   };
@@ -667,11 +639,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       SL_TR(p_end);
       SL_TR_ADD(TR_PROD, p_end - p_begin);
       SL_TR_STORE(true);
-#if defined(SLUICE_DIAG_NO_FIXERS) /* (diagnostic builds, sizes that need no fix-up only) */
-    } else if (false) {
-#else
     } else if (TGMM && threadIdx.x >= 32) {
-#endif
       /* Fixers (warps 1-3): the last block of a group's contraction holds rows of the next group
        * (or TMA zeros past M); zero them in shared memory before the consumers read the stage. */
       const int ft = threadIdx.x - 32;
@@ -890,11 +858,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         };
         if (nk > 0) {
           const int nkl = (ge - gs - (nk - 1) * BKV + 15) / 16; /* 1 .. BKV / 16 */
-#if defined(SLUICE_DIAG_ONE_LOOP) /* (diagnostic builds: groups of whole 32-row blocks only) */
-          if (false)
-#else
           if (nkl == 1)
-#endif
             mainloop(std::integral_constant<int, 1>{});
           else if constexpr (BKV == 32) /* (no 3- or 4-step block to instantiate) */
             mainloop(std::integral_constant<int, 2>{});
@@ -1002,14 +966,10 @@ __global__ void __launch_bounds__(THREADS, 1)
           if constexpr (F32) {
             stage_f32<C0, C0 + PCOLS / 8>(acc, cbase, warp, lane);
           } else {
-#if defined(SLUICE_DIAG_BF16_EPI) /* (diagnostic builds: bf16 outputs only) */
-            stage_half_stsm<__nv_bfloat16>(acc, cbase, warp, lane);
-#else
             if (a.out_dtype == SL_DTYPE_BF16)
               stage_half_stsm<__nv_bfloat16>(acc, cbase, warp, lane);
             else
               stage_half_stsm<__half>(acc, cbase, warp, lane);
-#endif
           }
           SL_TR(x2);
           SL_TR_ADD(TR_EPI_STAGE, x2 - x1);
@@ -1046,16 +1006,12 @@ __global__ void __launch_bounds__(THREADS, 1)
         using I0 = std::integral_constant<int, 0>;
         using I1 = std::integral_constant<int, 1>;
         /* (f32 only where the launcher allows it: tma_c_ok) */
-#if defined(SLUICE_DIAG_BF16_EPI)
-        pass(I0{}, std::false_type{});
-#else
         if (a.out_dtype == SL_DTYPE_F32) {
           pass(I0{}, std::true_type{});
           pass(I1{}, std::true_type{});
         } else {
           pass(I0{}, std::false_type{});
         }
-#endif
       } else {
         store_half_regs(acc, out, a.out_dtype, a.n, m0 + cw * 64, n0, row_limit, warp, lane);
       }
