@@ -33,6 +33,9 @@ struct GmmArgs {
   int transpose_rhs; /* gmm only */
   int skip_unused = 0; /* gmm: leave the rows outside the local groups unwritten */
   int index_order = 0; /* tgmm, dev A/B only: tiles in group order, not long groups first */
+  int tgmm_panels = 0; /* sm90 tgmm, dev A/B only: a group's tiles in panels of 16 row tiles (as
+                        * gmm's), as before session 61, instead of each column block's row tiles
+                        * one after another */
   int table_in_ws = 0; /* dev A/B only: the group table in the workspace even where it would fit
                         * in shared memory (place_table) */
   int store_per_box = 0; /* sm90: the staged output leaves in one TMA store per 64-row x 128-byte

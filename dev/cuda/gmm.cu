@@ -38,6 +38,8 @@
  *  48  not a kernel: the library's default with every tile claimed in turn, gmm's order before
  *      session 43 (since then gmm claims only its last two waves' tiles: kClaimedWaves); 44-47
  *      were session 43's order experiments (bench/results/tile-order-h100-20261127/)
+ *  49  not a kernel (tgmm): the library's default with a group's tiles in gmm's panels of 16 row
+ *      tiles, tgmm's order before session 61
  * (7, the ping-pong V_PP (session 2; 3-11% slower, removed in session 12, in the history at
  *  f265b23), 17-19, session 6's V_NS, V_HA, V_EW, 23-24, session 8's V_RS, V_RS4, and again 23-24,
  *  session 9's V_3W (commit 43419fc) and V_FC (6add3a9), and 26-29, session 10's V_LG2,
@@ -80,7 +82,7 @@ static const bool kTgmm = HARNESS_TGMM;
 /* HARNESS_OUT=f32: time (and check) f32 outputs instead of bf16 ones */
 static const bool kOutF32 = getenv("HARNESS_OUT") && !strcmp(getenv("HARNESS_OUT"), "f32");
 static const size_t kOutBytes = kOutF32 ? 4 : 2;
-static const int kVersions = 48;
+static const int kVersions = 49;
 /* Not kernel variants: the default one with tgmm's tiles handed out in group order instead of
  * long groups first (session 18's A/B of that order; gmm: the default as it is), and the
  * default one with its group table built by the table kernel in a workspace, as every call with
@@ -88,11 +90,13 @@ static const int kVersions = 48;
 static const int kIndexOrder = 40, kWsTable = 41, kStorePerBox = 42;
 /* the default in another tile order (GmmArgs::tile_order): every tile by the stride, or claimed */
 static const int kStride = 43, kClaimed = 48;
+/* tgmm: the default with a group's tiles in gmm's panels of 16 row tiles, as before session 61 */
+static const int kPanels = 49;
 /* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
  * removed ones are not reused) */
 static bool version_exists(int v) {
   return v == 1 || v == kIndexOrder || v == kWsTable || v == kStorePerBox || v == kStride ||
-         v == kClaimed || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2));
+         v == kClaimed || v == kPanels || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2));
 }
 
 static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
@@ -110,6 +114,11 @@ static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
   if (v == kStorePerBox) { /* the library's default, its output stored box by box */
     sluice_cuda::GmmArgs b = a;
     b.store_per_box = 1;
+    return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
+  }
+  if (v == kPanels) { /* the library's default, tgmm's tiles in panels */
+    sluice_cuda::GmmArgs b = a;
+    b.tgmm_panels = 1;
     return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
   }
   if (v == kStride || v == kClaimed) { /* the library's default in another tile order */

@@ -6,9 +6,9 @@
 # store), b the mainloop's cycles per row (16.0 at the tensor pipe's peak for a 128x256 tile:
 # 128 * 256 * 2 flops / 4096 a cycle). Nsight Compute's elapsed cycles (clock-independent) per
 # size for $VERSIONS, plus the plain harness's times, into $OUT. Binaries from $BUILD: those named
-# in $BINS (default tgmm), e.g. BINS="tgmm tgmm-NO_STORE tgmm-STORE_L2" for the diagnostic builds
-# (-DSLUICE_DIAG_NO_STORE: the output never stored; -DSLUICE_DIAG_STORE_L2: each CTA stores every
-# tile to one region of its own, which stays in the L2).
+# in $BINS (default tgmm). Session 61's diagnostic builds (-DSLUICE_DIAG_*: no store, no staging,
+# no epilogue, no drain, ...; bench/results/s61-20261128/README.md) are in the history at 424279a
+# and 3c8e2ad, built as the harness with the macro set, e.g. BINS="tgmm tgmm-NO_STORE".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build-sweep}

@@ -15,9 +15,13 @@
  * Groups are all `rows` rows (a multiple of 32); K must be a multiple of 384 (both tiles' heights),
  * N of 256. No ragged edge, no fix-ups: what the probe leaves out.
  *
- * Checked against the library's tgmm on the same inputs (max |diff| / max |ref|), then the library
- * (version 25's V_K32, by the same fixed stride as the probe: tile_order 2) and both probes timed in
- * turn. Run it under Nsight Compute (dev/probe/tw_probe.sh) for cycles.
+ * Checked against the library's tgmm on the same inputs (max |diff| / max |ref|, outputs poisoned
+ * first), then timed in turn: 0 the library by the same fixed stride as the probes (tile_order 2),
+ * 1 and 2 the probe's 128x256 and 192x256 tiles (row tiles innermost), 3 the 128x256 probe in
+ * gmm's panels of 16 row tiles (the library's tgmm order before session 61), 4 the library in its
+ * own order (claims). TW_SHAPES, TW_IMPLS ("0,3"), TW_REPS narrow it; dev/probe/tw_probe.sh runs
+ * it and each implementation under Nsight Compute. Results: bench/results/s61-20261128/. The probe
+ * found the library's per-tile overheads (its tile decode, its order), not the tile's height.
  *
  * Build: see dev/probe/tw_probe.sh. */
 
