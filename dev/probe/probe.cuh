@@ -57,6 +57,51 @@ __global__ void fill_random(__nv_bfloat16 *p, size_t n, uint32_t seed) {
   }
 }
 
+/* max |a - b| / max |b| over n bf16 (res: two floats, zeroed; a NaN in a counts as infinite) */
+__global__ void max_diff(const __nv_bfloat16 *a, const __nv_bfloat16 *b, size_t n, float *res) {
+  float d = 0.f, r = 0.f;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    const float x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+    d = fmaxf(d, isnan(x) ? INFINITY : fabsf(x - y));
+    r = fmaxf(r, fabsf(y));
+  }
+  atomicMax(reinterpret_cast<int *>(&res[0]), __float_as_int(d));
+  atomicMax(reinterpret_cast<int *>(&res[1]), __float_as_int(r));
+}
+
+/* The implementations in `order` timed in turn (CUDA events around each call; two warm-up rounds,
+ * then reps; the order rotated by one every round): the median ms of each, by implementation index
+ * (0 for those not in order). */
+template <class Run>
+static std::vector<double> time_in_turn(const std::vector<int> &order, int reps, Run run) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  const int n = (int)order.size();
+  const int top = *std::max_element(order.begin(), order.end()) + 1;
+  std::vector<std::vector<float>> t(top);
+  for (int r = 0; r < reps + 2; ++r)
+    for (int v = 0; v < n; ++v) {
+      const int i = order[(r + v) % n];
+      CK(cudaEventRecord(e0));
+      run(i);
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      if (r >= 2) t[i].push_back(ms);
+    }
+  CK(cudaGetLastError());
+  std::vector<double> med(top, 0.0);
+  for (int i : order) {
+    std::sort(t[i].begin(), t[i].end());
+    med[i] = t[i][t[i].size() / 2];
+  }
+  cudaEventDestroy(e0), cudaEventDestroy(e1);
+  return med;
+}
+
 #ifdef SLUICE_SM90A_DEVICE
 namespace sluice_cuda {
 namespace sm90 {

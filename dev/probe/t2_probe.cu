@@ -363,19 +363,6 @@ __global__ void __launch_bounds__(384, 1)
 }
 } /* namespace t2 */
 
-/* max |a - b| / max |b| over n bf16 */
-__global__ void max_diff(const __nv_bfloat16 *a, const __nv_bfloat16 *b, size_t n, float *res) {
-  float d = 0.f, r = 0.f;
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += (size_t)gridDim.x * blockDim.x) {
-    const float x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
-    d = fmaxf(d, isnan(x) ? INFINITY : fabsf(x - y));
-    r = fmaxf(r, fabsf(y));
-  }
-  atomicMax(reinterpret_cast<int *>(&res[0]), __float_as_int(d));
-  atomicMax(reinterpret_cast<int *>(&res[1]), __float_as_int(r));
-}
-
 /* The benchmark's shapes (bench/shapes.py) for ragged() and hybrid() */
 struct RaggedShape {
   const char *name;
@@ -389,37 +376,6 @@ static const RaggedShape kRaggedShapes[] = {{"dsv3-gateup-ep8", 32768, 32, 7168,
                                             {"dsv3proxy-gateup", 131072, 256, 1024, 512},
                                             {"dsv3proxy-down", 131072, 256, 256, 1024}};
 
-/* The implementations in `order` timed in turn (CUDA events around each call; two warm-up rounds,
- * then reps; the order rotated by one every round): the median ms of each, by implementation index
- * (0 for those not in order). */
-template <class Run>
-static std::vector<double> time_in_turn(const std::vector<int> &order, int reps, Run run) {
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  const int n = (int)order.size();
-  const int top = *std::max_element(order.begin(), order.end()) + 1;
-  std::vector<std::vector<float>> t(top);
-  for (int r = 0; r < reps + 2; ++r)
-    for (int v = 0; v < n; ++v) {
-      const int i = order[(r + v) % n];
-      CK(cudaEventRecord(e0));
-      run(i);
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      if (r >= 2) t[i].push_back(ms);
-    }
-  CK(cudaGetLastError());
-  std::vector<double> med(top, 0.0);
-  for (int i : order) {
-    std::sort(t[i].begin(), t[i].end());
-    med[i] = t[i][t[i].size() / 2];
-  }
-  cudaEventDestroy(e0), cudaEventDestroy(e1);
-  return med;
-}
 
 /* <dir>/<shape>-<dist>.txt into hs (G ints summing to M); false if there is no such file */
 static bool read_sizes(const char *dir, const RaggedShape &sh, const char *dist,

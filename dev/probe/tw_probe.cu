@@ -154,19 +154,6 @@ __global__ void __launch_bounds__(384, 1)
 }
 } /* namespace tw */
 
-/* max |a - b| / max |b| over n bf16 (res: two floats, zeroed) */
-__global__ void tw_max_diff(const __nv_bfloat16 *a, const __nv_bfloat16 *b, size_t n, float *res) {
-  float d = 0.f, r = 0.f;
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += (size_t)gridDim.x * blockDim.x) {
-    const float x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
-    d = fmaxf(d, isnan(x) ? INFINITY : fabsf(x - y));
-    r = fmaxf(r, fabsf(y));
-  }
-  atomicMax(reinterpret_cast<int *>(&res[0]), __float_as_int(d));
-  atomicMax(reinterpret_cast<int *>(&res[1]), __float_as_int(r));
-}
-
 struct Shape {
   const char *name;
   int rows, g, k, n;
@@ -281,40 +268,19 @@ int main() {
     for (int i : order) {
       if (i == 0 || std::find(order.begin(), order.end(), 0) == order.end()) continue;
       CK(cudaMemset(res, 0, 2 * sizeof(float)));
-      tw_max_diff<<<1024, 256>>>(o[i], o[0], out_n, res);
+      max_diff<<<1024, 256>>>(o[i], o[0], out_n, res);
       float h[2];
       CK(cudaMemcpy(h, res, sizeof h, cudaMemcpyDeviceToHost));
       const float rel = h[0] / h[1];
       snprintf(check[i], sizeof check[i], "%.2e %s", rel, rel < 1e-2f ? "OK" : "WRONG");
     }
     /* in turn, the order rotating each repetition, median of reps */
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<std::vector<float>> ts(5);
-    const int nimp = (int)order.size();
-    for (int r = 0; r < reps + 2; ++r)
-      for (int v = 0; v < nimp; ++v) {
-        const int i = order[(r + v) % nimp];
-        CK(cudaEventRecord(e0));
-        run(i);
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r >= 2) ts[i].push_back(ms);
-      }
-    CK(cudaGetLastError());
+    const std::vector<double> med = time_in_turn(order, reps, run);
     const double flops = 2.0 * m * sh.k * sh.n;
-    double lib = 0;
-    for (int i : order) {
-      std::sort(ts[i].begin(), ts[i].end());
-      const double med = ts[i][ts[i].size() / 2];
-      if (i == 0) lib = med;
-      printf("%-24s %-12s %9.3f %8.1f %8.3fx %s\n", sh.name, kImpl[i], med, flops / med / 1e9,
-             lib > 0 ? lib / med : 0.0, check[i]);
-    }
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    const double lib = med[0];
+    for (int i : order)
+      printf("%-24s %-12s %9.3f %8.1f %8.3fx %s\n", sh.name, kImpl[i], med[i], flops / med[i] / 1e9,
+             lib > 0 ? lib / med[i] : 0.0, check[i]);
     cudaFree(res), cudaFree(x), cudaFree(dy), cudaFree(sizes), cudaFree(table), cudaFree(counter);
     for (int i = 0; i < 5; ++i) cudaFree(o[i]);
   }
