@@ -8,7 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/tw-out}
 B=${B:-build-sweep}
-NCU_SHAPES=${NCU_SHAPES:-"g32-r1024-k6912-n4096 g32-r1024-k2304-n7168 g128-r512-k2304-n1536"}
+NCU_SHAPES=${NCU_SHAPES:-"g32-r1024-k7168-n4096 g32-r1024-k6912-n4096 g32-r1024-k2304-n7168 g128-r512-k2304-n1536"}
 mkdir -p "$OUT" "$B"
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader; } >"$OUT/device.txt"
 if [ ! -x "$B/tw_probe" ]; then
