@@ -483,12 +483,24 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   /* Decodes tile t into (group j, first row m0, first column n0, k-blocks nk, group rows; tok:
    * MERGE, the rows of a merged tile, else 0). */
+  /* The group of the tile this thread decoded last: its tiles [g_lo, g_hi), index g_j and rows
+   * [g_gs, g_ge). A CTA's tiles come mostly from one group after another, so most decodes need
+   * none of find_group's dependent shared-memory loads, which the mainloop's wgmma reads and TMA
+   * writes keep slow (session 61: decoding cost tgmm ~2% of a 1,024-row tile). Measured on
+   * dsv3-gateup's K and N (Nsight Compute, session 62): tgmm's fixed cycles a tile 2,414 -> 1,972,
+   * 2.6% fewer cycles at 1,024 rows a group. */
+  int g_lo = 0, g_hi = 0, g_j = 0, g_gs = 0, g_ge = 0;
   auto decode = [&](int t, int &j, int &m0, int &n0, int &nk, int &gs, int &ge, int &tok) {
-    const int r = find_group(tile_prefix, GL, t); /* tgmm: the r-th group of order[] */
-    j = TGMM ? order[r] : r;
-    const int u = t - tile_prefix[r];
-    gs = start[j];
-    ge = end[j];
+    if (t < g_lo || t >= g_hi) {
+      const int r = find_group(tile_prefix, GL, t); /* tgmm: the r-th group of order[] */
+      g_lo = tile_prefix[r], g_hi = tile_prefix[r + 1];
+      g_j = TGMM ? order[r] : r;
+      g_gs = start[g_j], g_ge = end[g_j];
+    }
+    j = g_j;
+    const int u = t - g_lo;
+    gs = g_gs;
+    ge = g_ge;
     const int tm = TGMM ? tiles_k : (ge - gs + BM - 1) / BM; /* row tiles of the group */
     int mt, nt;
     tok = 0;
@@ -742,32 +754,28 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
     /* AHEAD: the next tile, decoded while the current one's last k-block drains; the
      * accumulators are defined once here and then left to scale_d = 0 on a tile's first wgmma */
-    int nj = 0, nm0 = 0, nn0 = 0, nnk = 0, ngs = 0, nge = 0, ntok = 0;
-    /* the next tile; V_DYN: decoded by the producer (ring_get) */
+    Tile nx{0, 0, 0, 0, 0, 0, 0, 0}; /* the next tile; V_DYN: as the producer decoded it */
     auto next_of = [&](int nt) {
-      int tn = nt;
-      if constexpr (DYN) {
-        const Tile d = ring_get();
-        tn = d.t, nj = d.j, nm0 = d.m0, nn0 = d.n0, nnk = d.nk, ngs = d.gs, nge = d.ge;
-        ntok = d.tok;
-      } else if constexpr (AHEAD) {
-        if (tn < total_tiles) decode(tn, nj, nm0, nn0, nnk, ngs, nge, ntok);
-      }
-      return tn;
+      if constexpr (DYN)
+        nx = ring_get();
+      else if constexpr (AHEAD)
+        nx = decode_tile(nt);
+      else
+        nx.t = nt;
     };
-    int tn = next_of(cid);
+    next_of(cid);
     if constexpr (AHEAD) {
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     }
-    for (int t = tn; t < total_tiles; t = tn) {
+    for (int t = nx.t; t < total_tiles; t = nx.t) {
       int j, m0, n0, nk, gs, ge, tok;
       if constexpr (AHEAD)
-        j = nj, m0 = nm0, n0 = nn0, nk = nnk, gs = ngs, ge = nge, tok = ntok;
+        j = nx.j, m0 = nx.m0, n0 = nx.n0, nk = nx.nk, gs = nx.gs, ge = nx.ge, tok = nx.tok;
       else
         decode(t, j, m0, n0, nk, gs, ge, tok);
       /* every path through a tile calls this once */
-      auto decode_next = [&]() { tn = next_of(t + ncl); };
+      auto decode_next = [&]() { next_of(t + ncl); };
       const bool fix = needs_fix(nk, ge - gs);
 #ifdef SLUICE_SM90_TRACE
       tr_first = true;
