@@ -17,7 +17,8 @@
 #      -> gmm-fine-$STAMP.{md,json}
 #   6. the benchmark (bench/run_gpu.sh: in turn with torch/cuBLAS, then ragged_dot, then each alone;
 #      BENCH=0 leaves it out; ORDER_AB=1 adds the torch part with gmm's old tile order between two
-#      runs of the default: gmm-$STAMP-order1.md, -r2.md). VARIANTS="33 ..." is passed to
+#      runs of the default: gmm-$STAMP-order1.md, -r2.md; REPEATS=N adds N more runs of the torch
+#      part as it is: gmm-$STAMP-rep2.md ...). VARIANTS="33 ..." is passed to
 #      tests/gpu/run.sh (forced variants).
 # Results: $OUT/gmm-$STAMP.{md,json}, sustained-$STAMP.md and tests-$STAMP.txt (step lines, versions,
 # the device); every log and result, resource usage included, in $OUT/logs-$STAMP.tar.gz. STAMP
@@ -97,4 +98,5 @@ if [ "${BENCH:-1}" = 1 ] && [ $left -gt 0 ]; then
 fi
 cp "$LOGS"/results/gmm-"$STAMP".{md,json} "$LOGS"/results/sustained-"$STAMP".md "$OUT"/ 2>/dev/null
 cp "$LOGS"/results/gmm-"$STAMP"-{order1,r2}.md "$OUT"/ 2>/dev/null # ORDER_AB=1 (bench/run_gpu.sh)
+cp "$LOGS"/results/gmm-"$STAMP"-rep*.md "$OUT"/ 2>/dev/null # REPEATS=N (bench/run_gpu.sh)
 tar czf "$OUT/logs-$STAMP.tar.gz" -C "$BUILD" logs

@@ -29,6 +29,13 @@ if [ "${ORDER_AB:-0}" = 1 ]; then
   timeout 600 python3 bench/bench_gmm.py --part torch --lib "$BUILD/libsluice_gpu.so" \
     --out "$RESULTS/torch-part-r2.json"
 fi
+# REPEATS=N: the torch part N more times as it is (torch-part-rep2 ...), merged into
+# gmm-<date>-rep2.md ..., so that one call gives the run-to-run spread of the ratios
+for r in $(seq 2 $((${REPEATS:-0} + 1))); do
+  [ "$r" -ge 2 ] || continue
+  timeout 600 python3 bench/bench_gmm.py --part torch --lib "$BUILD/libsluice_gpu.so" \
+    --out "$RESULTS/torch-part-rep$r.json"
+done
 if [ "${SKIP_JAX:-0}" != 1 ]; then
   timeout 600 python3 bench/bench_gmm.py --part jax --out "$RESULTS/jax-part.json"
 fi
@@ -44,6 +51,11 @@ if [ "${ORDER_AB:-0}" = 1 ]; then
       --md "$RESULTS/gmm-$stamp-$part.md" --json "$RESULTS/gmm-$stamp-$part.json"
   done
 fi
+for r in $(seq 2 $((${REPEATS:-0} + 1))); do
+  [ "$r" -ge 2 ] || continue
+  python3 bench/bench_gmm.py --merge "$RESULTS/torch-part-rep$r.json" "$RESULTS/jax-part.json" \
+    --md "$RESULTS/gmm-$stamp-rep$r.md" --json "$RESULTS/gmm-$stamp-rep$r.json"
+done
 # The same implementations each alone and back to back (bench/clocks_gmm.py): the chip runs at its
 # power cap, and a kernel's own power draw sets its clock only when it runs alone for a while.
 if [ "${SKIP_SUSTAINED:-0}" != 1 ]; then
