@@ -453,7 +453,7 @@ def merge(args):
                 "cases": len(v),
             }
             lines.append(
-                f"| {kk} | {statistics.median(v):.2f}x | {min(v):.2f}x | {max(v):.2f}x | {len(v)} |"
+                f"| {kk} | {statistics.median(v):.3f}x | {min(v):.3f}x | {max(v):.3f}x | {len(v)} |"
             )
     lines += [
         "",
