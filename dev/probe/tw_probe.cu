@@ -38,14 +38,26 @@
 using namespace sluice_cuda;
 using namespace sluice_cuda::sm90;
 
+/* TW_ADD (a bit mask, default 0): library pieces added to the 128x256 probe, one build each, so
+ * that what the library pays a tile beyond the probe (session 62: 440-720 cycles even with one
+ * group) can be found piece by piece:
+ *   1 the ring: the producer publishes each tile in a 4-slot ring of mbarriers (a 32-byte slot);
+ *     the consumers read the next tile from it while the last block drains, and every reader
+ *     thread arrives on the slot's empty barrier (as sm90_gmm.cu's V_DYN)
+ *   2 the fixer warps (1-3) alive, reading every tile from the ring (needs 1)
+ *   4 the last block of a tile waits on its full barrier twice (the library's fix-up select) */
+#ifndef TW_ADD
+#define TW_ADD 0
+#endif
 namespace tw {
+constexpr bool kRing = TW_ADD & 1, kFixers = (TW_ADD & 3) == 3, kLastWait = TW_ADD & 4;
 constexpr int BKR = 32;                /* contraction rows a block */
 constexpr int IB = 64 * BKR * 2;       /* one 64-wide box of a block: 4 KB */
 template <bool WIDE> struct Geo {
   static constexpr int TM = WIDE ? 192 : 128, TN = 256, STG = WIDE ? 4 : 6;
   static constexpr int SA = TM / 64 * IB, SB = SA + 4 * IB; /* A part, whole stage */
   static constexpr int CB = TM * TN * 2;                    /* staging */
-  static constexpr size_t SMEM = 1024 + (size_t)STG * SB + CB + 2 * STG * 8;
+  static constexpr size_t SMEM = 1024 + (size_t)STG * SB + CB + 2 * STG * 8 + 4 * (8 + 8 + 32);
 };
 
 template <bool WIDE>
@@ -60,13 +72,47 @@ __global__ void __launch_bounds__(384, 1)
   unsigned char *base = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t stage0 = smem_u32(base), c_smem = stage0 + STG * SB;
   const uint32_t full0 = c_smem + G::CB, empty0 = full0 + STG * 8;
+  const uint32_t tfull0 = empty0 + STG * 8, tempty0 = tfull0 + 32, ring0 = tempty0 + 32;
   const int mt_n = k / G::TM, nt_n = n / G::TN, nk = rows / BKR;
   const int per_g = mt_n * nt_n, units = groups * per_g;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STG; ++s) mbar_init(full0 + 8 * s, 1), mbar_init(empty0 + 8 * s, 8);
+    for (int r = 0; r < 4; ++r)
+      mbar_init(tfull0 + 8 * r, 1), mbar_init(tempty0 + 8 * r, 256 + (kFixers ? 96 : 0));
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
+  /* TW_ADD & 1: the ring, as the library's (a slot: the tile index and seven more ints) */
+  int ring_slot = 0;
+  uint32_t ring_phase = 0;
+  auto ring_put = [&](int t) {
+    mbar_wait(tempty0 + 8 * ring_slot, ring_phase ^ 1);
+    const uint32_t at = ring0 + 32 * ring_slot;
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(t), "r"(0), "r"(0),
+                 "r"(0)
+                 : "memory");
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(at + 16), "r"(0), "r"(0),
+                 "r"(0), "r"(0)
+                 : "memory");
+    mbar_arrive(tfull0 + 8 * ring_slot);
+    if (++ring_slot == 4) ring_slot = 0, ring_phase ^= 1;
+  };
+  auto ring_get = [&]() {
+    mbar_wait(tfull0 + 8 * ring_slot, ring_phase);
+    int v[8];
+    const uint32_t at = ring0 + 32 * ring_slot;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                 : "r"(at)
+                 : "memory");
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v[4]), "=r"(v[5]), "=r"(v[6]), "=r"(v[7])
+                 : "r"(at + 16)
+                 : "memory");
+    mbar_arrive(tempty0 + 8 * ring_slot);
+    if (++ring_slot == 4) ring_slot = 0, ring_phase ^= 1;
+    return v[0] + (v[1] | v[2] | v[3] | v[4] | v[5] | v[6] | v[7]); /* (all read) */
+  };
   const int wg = threadIdx.x / 128;
   /* tile t: group g, its output rows m0.. (K), columns n0.. (N); row tiles innermost, or
    * (panels) the library's order: panels of 16 row tiles, the column blocks inside a panel */
@@ -82,9 +128,11 @@ __global__ void __launch_bounds__(384, 1)
     if (threadIdx.x == 0) {
       int s = 0;
       uint32_t phase = 0;
-      for (int t = blockIdx.x; t < units; t += gridDim.x) {
+      int t = blockIdx.x;
+      for (; t < units; t += gridDim.x) {
         int g, m0, n0;
         decode(t, g, m0, n0);
+        if constexpr (kRing) ring_put(t);
         for (int kb = 0; kb < nk; ++kb) {
           mbar_wait(empty0 + 8 * s, phase ^ 1);
           const uint32_t full = full0 + 8 * s, sa = stage0 + s * SB;
@@ -94,6 +142,10 @@ __global__ void __launch_bounds__(384, 1)
           tma_load_3d(sa + SA, &map_b, 0, r0, n0 / 64, full);
           if (++s == STG) s = 0, phase ^= 1;
         }
+      }
+      if constexpr (kRing) ring_put(t); /* (the end) */
+    } else if (kFixers && threadIdx.x >= 32) {
+      for (int t = ring_get(); t < units; t = ring_get()) {
       }
     }
     return;
@@ -107,12 +159,16 @@ __global__ void __launch_bounds__(384, 1)
     if (lane == 0) mbar_arrive(empty0 + 8 * st);
   };
   const uint32_t cmain = c_smem + cw * (64 * 256 * 2), cx = c_smem + 2 * 64 * 256 * 2 + cw * 64 * 128 * 2;
-  for (int t = blockIdx.x; t < units; t += gridDim.x) {
+  int tn = kRing ? ring_get() : blockIdx.x;
+  for (int t = tn; t < units; t = tn) {
     int g, m0, n0;
     decode(t, g, m0, n0);
     int sd = 0;
     for (int kb = 0; kb < nk; ++kb) {
       mbar_wait(full0 + 8 * s, phase);
+      if constexpr (kLastWait) { /* (the library's last block: its fix-up wait, on `full`) */
+        if (kb == nk - 1) mbar_wait(full0 + 8 * s, phase);
+      }
       const uint32_t sa = stage0 + s * SB, sb = sa + SA;
       wgmma_fence();
 #pragma unroll
@@ -132,6 +188,7 @@ __global__ void __launch_bounds__(384, 1)
       if (kb > 0) release(s == 0 ? STG - 1 : s - 1);
       if (++s == STG) s = 0, phase ^= 1;
     }
+    tn = kRing ? ring_get() : t + gridDim.x; /* (ring: while the last block drains) */
     wgmma_wait0();
     fence_operands(acc);
     if constexpr (WIDE) fence64(acx);
