@@ -31,8 +31,7 @@ if [ "${ORDER_AB:-0}" = 1 ]; then
 fi
 # REPEATS=N: the torch part N more times as it is (torch-part-rep2 ...), merged into
 # gmm-<date>-rep2.md ..., so that one call gives the run-to-run spread of the ratios
-for r in $(seq 2 $((${REPEATS:-0} + 1))); do
-  [ "$r" -ge 2 ] || continue
+for r in $(seq 2 $((${REPEATS:-0} + 1))); do # (seq 2 1: none)
   timeout 600 python3 bench/bench_gmm.py --part torch --lib "$BUILD/libsluice_gpu.so" \
     --out "$RESULTS/torch-part-rep$r.json"
 done
@@ -52,7 +51,6 @@ if [ "${ORDER_AB:-0}" = 1 ]; then
   done
 fi
 for r in $(seq 2 $((${REPEATS:-0} + 1))); do
-  [ "$r" -ge 2 ] || continue
   python3 bench/bench_gmm.py --merge "$RESULTS/torch-part-rep$r.json" "$RESULTS/jax-part.json" \
     --md "$RESULTS/gmm-$stamp-rep$r.md" --json "$RESULTS/gmm-$stamp-rep$r.json"
 done

@@ -481,8 +481,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (!TGMM && !a.skip_unused) zero_outside_rows(a, tab[0], tab[1]);
   __syncthreads();
 
-  /* Decodes tile t into (group j, first row m0, first column n0, k-blocks nk, group rows; tok:
-   * MERGE, the rows of a merged tile, else 0). */
   /* The group of the tile this thread decoded last: its tiles [g_lo, g_hi), index g_j and rows
    * [g_gs, g_ge). A CTA's tiles come mostly from one group after another, so most decodes need
    * none of find_group's dependent shared-memory loads, which the mainloop's wgmma reads and TMA
@@ -490,6 +488,8 @@ __global__ void __launch_bounds__(THREADS, 1)
    * dsv3-gateup's K and N (Nsight Compute, session 62): tgmm's fixed cycles a tile 2,414 -> 1,972,
    * 2.6% fewer cycles at 1,024 rows a group. */
   int g_lo = 0, g_hi = 0, g_j = 0, g_gs = 0, g_ge = 0;
+  /* Decodes tile t into (group j, first row m0, first column n0, k-blocks nk, group rows; tok:
+   * MERGE, the rows of a merged tile, else 0). */
   auto decode = [&](int t, int &j, int &m0, int &n0, int &nk, int &gs, int &ge, int &tok) {
     if (t < g_lo || t >= g_hi) {
       const int r = find_group(tile_prefix, GL, t); /* tgmm: the r-th group of order[] */
