@@ -993,8 +993,10 @@ __global__ void __launch_bounds__(THREADS, 1)
       SL_TR(e0);
       if constexpr (AHEAD && TGMM) { /* (gmm: nk > 0; a write here would cost C7518 there) */
         if (nk == 0) { /* tgmm, empty group: no wgmma defined this tile's zeros */
+          /* (the volatile asm keeps this a branch: as plain stores the compiler turned it into
+           * 128 selects that every tile ran after its last wgmma, ~1% of a 1,024-row tile) */
 #pragma unroll
-          for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+          for (int i = 0; i < 128; ++i) asm volatile("mov.b32 %0, 0;\n" : "=f"(acc[i]));
         }
       }
 
