@@ -18,11 +18,12 @@
 #   6. the benchmark (bench/run_gpu.sh: in turn with torch/cuBLAS, then ragged_dot, then each alone;
 #      BENCH=0 leaves it out; ORDER_AB=1 adds the torch part with gmm's old tile order between two
 #      runs of the default: gmm-$STAMP-order1.md, -r2.md; REPEATS=N adds N more runs of the torch
-#      part as it is: gmm-$STAMP-rep2.md ...). VARIANTS="33 ..." is passed to
+#      part as it is: gmm-$STAMP-rep2.md ...; with TESTS=1 JAX=1 the sustained part does not fit in
+#      one call after REPEATS=2: run it in a second call). VARIANTS="33 ..." is passed to
 #      tests/gpu/run.sh (forced variants).
 # Results: $OUT/gmm-$STAMP.{md,json}, sustained-$STAMP.md and tests-$STAMP.txt (step lines, versions,
-# the device); every log and result, resource usage included, in $OUT/logs-$STAMP.tar.gz. STAMP
-# defaults to <gpu>-<date>, e.g. h100-20261124.
+# the device); every log and result, resource usage included (written before the timings), in
+# $OUT/logs-$STAMP.tar.gz. STAMP defaults to <gpu>-<date>, e.g. h100-20261124.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/1gpu-out}

@@ -13,6 +13,13 @@ if [ "${SKIP_BUILD:-0}" != 1 ] || [ ! -f "$BUILD/libsluice_gpu.so" ]; then
 fi
 stamp=${STAMP:-$(date -u +%Y%m%d)} # STAMP names the result files (a second run on one day)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+# the kernels' resource usage first, so that it lands even when a timed part runs out of time
+if command -v cuobjdump >/dev/null; then
+  cuobjdump --dump-resource-usage "$BUILD/libsluice_gpu.so" 2>&1 | grep -E "Function|REG" |
+    paste - - | sed -E 's/ +/ /g' >"$RESULTS/resource-usage-$stamp.txt"
+  echo "HGMMA instructions in sm_90a code: $(cuobjdump -sass -arch sm_90a "$BUILD/libsluice_gpu.so" | grep -c HGMMA)" \
+    >>"$RESULTS/resource-usage-$stamp.txt"
+fi
 timeout 600 python3 bench/bench_gmm.py --part torch --lib "$BUILD/libsluice_gpu.so" --out "$RESULTS/torch-part.json"
 # SYNCED=1: the torch part again with each call waited for before the next (sessions 1-10's timing;
 # the GPU idles between calls), merged into gmm-<date>-synced.md beside the default's file
@@ -60,10 +67,4 @@ if [ "${SKIP_SUSTAINED:-0}" != 1 ]; then
   timeout 400 python3 bench/clocks_gmm.py --part sustained --lib "$BUILD/libsluice_gpu.so" \
     --dists uniform,skewed --rounds 1 --out "$RESULTS/sustained-$stamp.json" >/dev/null
   python3 bench/clocks_gmm.py --table "$RESULTS/sustained-$stamp.json" --md "$RESULTS/sustained-$stamp.md"
-fi
-if command -v cuobjdump >/dev/null; then
-  cuobjdump --dump-resource-usage "$BUILD/libsluice_gpu.so" 2>&1 | grep -E "Function|REG" |
-    paste - - | sed -E 's/ +/ /g' >"$RESULTS/resource-usage-$stamp.txt"
-  echo "HGMMA instructions in sm_90a code: $(cuobjdump -sass -arch sm_90a "$BUILD/libsluice_gpu.so" | grep -c HGMMA)" \
-    >>"$RESULTS/resource-usage-$stamp.txt"
 fi
