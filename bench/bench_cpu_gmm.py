@@ -1,22 +1,40 @@
-"""sluice.gmm / tgmm on the CPU (the C kernels of csrc/core/gmm_cpu.c) on three ragged shapes, bf16:
-(M, K, N, G) = (8192, 128, 128, 16) (the tiny preset's gate/up), (8192, 64, 128, 16), (4096, 512,
-256, 8); group sizes multinomial, summing to M - 37. Prints ms per call (mean of 20 under jit) as
+"""sluice.gmm / tgmm on the CPU (the C kernels of csrc/core/gmm_cpu.c) on tests/shapes.py's three
+CPU_SHAPES, bf16; group sizes multinomial, summing to M - 37. Prints ms per call (mean of 20 under jit) as
 gmm, tgmm for each shape in turn.
 
     python3 bench/bench_cpu_gmm.py
 """
 
+import os
+import sys
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import sluice
-from bench_act import timed  # bench/ is the script's sys.path[0]
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from shapes import CPU_SHAPES
+
+
+def timed(fn, args, calls, rounds):
+    """Milliseconds a call, the median over rounds of `calls` calls queued back to back."""
+    jax.block_until_ready(fn(*args))
+    out = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(calls):
+            r = fn(*args)
+        jax.block_until_ready(r)
+        out.append((time.perf_counter() - t) / calls * 1e3)
+    return float(np.median(out))
 
 
 def main():
     rng = np.random.default_rng(0)
     out = []
-    for m, k, n, g in [(8192, 128, 128, 16), (8192, 64, 128, 16), (4096, 512, 256, 8)]:
+    for m, k, n, g in CPU_SHAPES:
         x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
         w = jnp.asarray(rng.standard_normal((g, k, n)) * 0.05, jnp.bfloat16)
         gs = jnp.asarray(rng.multinomial(m - 37, np.ones(g) / g).astype(np.int32))

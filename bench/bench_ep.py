@@ -1,6 +1,6 @@
 """Expert-parallel dispatch / combine on the GPUs of one host: sluice.ep against NCCL all-to-all of the
 same deduplicated rows and jax.lax.ragged_all_to_all the MaxText way (one row per token-expert pair,
-worst-case output buffer). DeepEP's workload (BENCHMARKS.md): per rank 4096 tokens, hidden 7168, bf16,
+worst-case output buffer). DeepEP's workload: per rank 4096 tokens, hidden 7168, bf16,
 top-8 of 256 experts.
 
 GB/s counts only bytes that cross to another rank (a rank's rows to itself do not count), per rank.
@@ -252,7 +252,7 @@ def part_jax(args):
         transport=args.transport,
         buffer_bytes=staging_bytes(r, t, h),
     )
-    transport = ep._COMMS["ep"][-1].transport
+    transport = ep.communicator(mesh, "ep").transport
     idx = routing(r, t, k, e)
     rows, pairs, peer = crossing_rows(idx, r, e)
     rng = np.random.default_rng(1)

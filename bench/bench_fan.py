@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from bench_gmm import time_cuda
-from sluice.ep import _FanDesc as FanDesc
+from sluice.ops.capi import EpFanDesc as FanDesc
 
 # name: (N received rows, k slots, L local experts, H hidden)
 WORKLOADS = {

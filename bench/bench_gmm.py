@@ -6,8 +6,8 @@ Run on one GPU (bench/run_gpu.sh does it):
   python3 bench/bench_gmm.py --part jax --out jax.json        (a second process: JAX owns its memory)
   python3 bench/bench_gmm.py --merge torch.json jax.json --md gmm.md --json gmm.json
 
-Shapes and group sizes: bench/shapes.py (BENCHMARKS.md). TFLOP/s = 2*M*K*N / time, M = sum of group
-sizes. Timing: CUDA events, median of --iters runs after warm-up (torch part); the JAX part times
+Shapes and group sizes: tests/shapes.py, the one list the tests use too. TFLOP/s = 2*M*K*N / time,
+M = sum of group sizes. Timing: CUDA events, median of --iters runs after warm-up (torch part); the JAX part times
 block_until_ready wall clock, which adds microseconds to calls of tens of milliseconds. Every input
 here is larger than the L2 (50-60 MB), so inputs are not rotated.
 """
@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from shapes import DISTRIBUTIONS, group_sizes, select_shapes
 
 SL_DTYPE_BF16 = 1
@@ -54,13 +54,12 @@ def time_cuda(fns, iters, warmup=3, info=None, mode="queued"):
     so a call starts at the clock its predecessor left; with a fixed order each implementation would
     always follow the same one.
 
-    mode "queued" (the default since 2026-11-24): every call of every iteration is queued before any
-    is waited for, so the GPU runs them back to back, as in a training step: the host's launch path
-    (4-140 us per call on the H200 machines: ctypes, torch's dispatcher, cuBLAS's setup;
-    bench/results/launch-probe-20261124.txt) is not in the figures, and no call starts from an idle
-    GPU. mode "synced" (sessions 1-10): each call is waited for before the next is issued, so each
-    figure includes that call's launch path and the GPU idles between calls; it put sluice ~1% higher
-    against torch (dev/NOTES.md, session 11). `info`, a dict, gets the largest gap the GPU saw between
+    mode "queued" (the default): every call of every iteration is queued before any is waited for,
+    so the GPU runs them back to back, as in a training step: the host's launch path (4-140 us per
+    call on the H200 machines: ctypes, torch's dispatcher, cuBLAS's setup) is not in the figures,
+    and no call starts from an idle GPU. mode "synced": each call is waited for before the next is
+    issued, so each figure includes that call's launch path and the GPU idles between calls; it put
+    sluice ~1% higher against torch. `info`, a dict, gets the largest gap the GPU saw between
     two queued calls (ms)."""
     import torch
 
@@ -252,10 +251,7 @@ def part_torch(args):
         "date": datetime.datetime.now(datetime.UTC).isoformat(),
         "iters": args.iters,
         "timing": args.timing,
-        # sm90 kernel variants forced through the environment (gmm_launch.cu), if any
-        "sluice_variant": {
-            op: os.environ.get(f"SLUICE_{op.upper()}_VARIANT", "default") for op in ("gmm", "tgmm")
-        },
+        "library": os.path.realpath(args.lib),
     }
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": results}, f, indent=1)
@@ -367,11 +363,8 @@ def merge(args):
             f"wall-clock median of {jj['meta'].get('jax_iters', '-') if jj else '-'})."
         ),
         timing_line(tj),
-        "Produced by bench/run_gpu.sh (bench/bench_gmm.py, shapes from bench/shapes.py).",
-        (
-            "sluice sm90 kernel variant (csrc/cuda/sm90_gmm.cu Variant; 'default' = the library's "
-            f"own choice): {tj['meta'].get('sluice_variant', {'gmm': 'default', 'tgmm': 'default'})}."
-        ),
+        "Produced by bench/run_gpu.sh (bench/bench_gmm.py, shapes from tests/shapes.py).",
+        f"sluice library: {tj['meta'].get('library', '-')}.",
         "",
         (
             "| shape | sizes | sluice gmm | torch grouped_mm | cuBLAS dense | ragged_dot | gmm/torch "
@@ -485,7 +478,9 @@ def main():
     p.add_argument("--timing", choices=["queued", "synced"], default="queued", help="see time_cuda")
     p.add_argument("--jax-iters", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--shapes", help='"bench" (default: BENCHMARKS.md\'s four), "fine", or names')
+    p.add_argument(
+        "--shapes", help='"bench" (default: the four benchmark shapes), "fine", or names'
+    )
     p.add_argument(
         "--dists",
         default=",".join(DISTRIBUTIONS),

@@ -12,8 +12,8 @@ around a synchronised call of the jitted value-and-grad, after warm-up, median o
 matmuls of 2*T*k*D*F forward, twice that backward (18*T*k*D*F per step), whatever the path computes.
 Memory: XLA's compiled buffer sizes (arguments, outputs, temporaries) for that one function, and the
 device's peak so far where the device reports it. --skew ALPHA makes routing uneven: expert
-popularity p drawn from Dirichlet(ALPHA) (BENCHMARKS.md's 'skewed') and 0.05*log(E*p) added to the
-router's selection bias.
+popularity p drawn from Dirichlet(ALPHA) (tests/shapes.py's 'skewed' uses 0.3) and 0.05*log(E*p)
+added to the router's selection bias.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from sluice.model import PRESETS
-from sluice.moe import MoE
+from sluice.nn.model import PRESETS
+from sluice.nn.moe import MoE
 
 VARIANTS = {
     "dense-cf1.25": {"impl": "dense", "capacity_factor": 1.25},
     "dense-cf2.0": {"impl": "dense", "capacity_factor": 2.0},
     "ragged_dot": {"impl": "ragged_dot"},
-    "sluice": {"impl": "sluice"},  # under --ep: sluice.ep dispatch/combine where built
+    "sluice": {"impl": "sluice"},  # under --ep: sluice.ep dispatch/combine
     "sluice+a2a": {"impl": "sluice", "use_sluice_dispatch": False},  # sluice.gmm, ragged_all_to_all
 }
 DEFAULT_VARIANTS = "dense-cf1.25,dense-cf2.0,ragged_dot,sluice"

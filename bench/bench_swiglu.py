@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
 import jax
@@ -15,11 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import sluice
 
-SHAPES = {  # name: (M rows, G experts, H hidden, F expert ffn)
-    "dsv3-ep8": (32768, 32, 7168, 2048),
-    "mixtral": (16384, 8, 4096, 14336),
-    "qwen3-30b": (65536, 128, 2048, 768),
-}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from shapes import SWIGLU_BLOCKS as SHAPES  # name: (M rows, G experts, H hidden, F)
 
 
 def block(mm, x, wg, wu, wd, gs):
@@ -58,7 +57,7 @@ def main():
     p.add_argument(
         "--skip-ragged",
         action="store_true",
-        help="time sluice only (A/B runs of kernel variants through SLUICE_*_VARIANT)",
+        help="time sluice only",
     )
     args = p.parse_args()
     names = [s for s in args.shapes.split(",") if s]

@@ -52,7 +52,7 @@ run() {
   local name=$1
   shift
   echo "== $name: sluice-train $*" >&2
-  if ! "$py" -m sluice.train "$@" "${common[@]}" --out "$out/$name" >"$out/$name.log" 2>&1; then
+  if ! "$py" -m sluice.cli.train "$@" "${common[@]}" --out "$out/$name" >"$out/$name.log" 2>&1; then
     echo "   failed, see $out/$name.log" >&2
     tail -3 "$out/$name.log" >&2 || true
   fi
@@ -129,7 +129,7 @@ convergence)
     done
   done
   labels_csv=$(IFS=,; echo "${labels[*]}")
-  "$py" -m sluice.plot "${runs[@]}" --out "$out/loss.png" --labels "$labels_csv" \
+  "$py" -m sluice.cli.plot "${runs[@]}" --out "$out/loss.png" --labels "$labels_csv" \
     --title "$preset: ${names[*]} (dropless: ${DROPLESS:-sluice}), $steps steps"
   "$py" "$here/summarize_train.py" convergence "$out"
   ;;

@@ -11,12 +11,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import cupy as cp
 import numpy as np
-from sluice import _lib
-from sluice.ep import _CommDesc
-from sluice.ep import _EpDesc as EpDesc
-from sluice.ep import _FanDesc as FanDesc
+from sluice.ops import capi
+from sluice.ops.capi import EpCommDesc as _CommDesc
+from sluice.ops.capi import EpDesc
+from sluice.ops.capi import EpFanDesc as FanDesc
 
-lib = _lib.lib
+lib = capi.lib
 vp = ctypes.c_void_p
 
 BF16 = 1

@@ -22,7 +22,7 @@ for flags in "$@"; do
   echo "=== [$i] sluice-train $flags"
   # shellcheck disable=SC2086
   XLA_FLAGS="${XLA_FLAGS:-} --xla_dump_to=$dump --xla_dump_hlo_module_re=.*train_step.*" \
-    python3 -m sluice.train $flags --steps 2 --log-every 1 --eval-every 0 --no-ckpt --no-progress \
+    python3 -m sluice.cli.train $flags --steps 2 --log-every 1 --eval-every 0 --no-ckpt --no-progress \
     ${DATA:+--data $DATA} --out "$out/run$i" >"$out/run$i.log" 2>&1 || { tail -5 "$out/run$i.log"; continue; }
   grep -h '"kind": "train"' "$out/run$i/metrics.jsonl" | tail -1 |
     python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); print("measured peak:", {k: v for k, v in r.items() if "mem" in k})'

@@ -16,7 +16,7 @@ import sys
 
 
 def _records(run_dir):
-    """The run's metrics.jsonl, or its gzip (how bench/results keeps the long ones)."""
+    """The run's metrics.jsonl, or its gzip (how long runs are kept)."""
     path = os.path.join(run_dir, "metrics.jsonl")
     for p, opener in ((path, open), (path + ".gz", gzip.open)):
         if os.path.exists(p):

@@ -126,11 +126,10 @@ sl_status sl_tgmm_cpu(const sl_gmm_desc *desc, const void *lhs, const void *rhs,
 
 /* CUDA grouped GEMM. Device pointers, stream-ordered on `stream` (a cudaStream_t), no host sync
  * (unless SLUICE_DEBUG=1). Picks the kernel by the current device's compute capability: sm_90 gets
- * the wgmma/TMA kernel, sm_80 and up the mma.sync kernel. `workspace` is device memory of at least
- * sl_gmm_cuda_workspace_size() bytes (O(batch * G): a group table and a tile counter), or NULL to
- * let the call use none where it can: the group table is built in shared memory whenever it fits
- * beside the kernel's pipeline (on an H100/H200 up to ~1000 local groups), and on sm_90 the tiles
- * are then handed out by a fixed stride. A table that does not fit needs the workspace.
+ * the wgmma/TMA kernels, sm_80 and up the mma.sync kernel (gmm_launch.cu's table). `workspace` is
+ * device memory of at least sl_gmm_cuda_workspace_size() bytes (O(batch * G): a group table and a
+ * tile counter); it is required: NULL returns SL_STATUS_INVALID_ARGUMENT. The group table is built
+ * in shared memory whenever it fits beside the kernel's pipeline, in the workspace otherwise.
  * The size is linear in desc->batch (batch * the size for batch 1), so a caller that sizes it for
  * one problem and then batches (vmap) stays correct.
  * Returns SL_STATUS_UNSUPPORTED when the library was built without CUDA. */

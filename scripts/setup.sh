@@ -18,6 +18,13 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -r requirements.txt
-# --no-build-isolation: the XLA FFI headers come from the jaxlib installed above.
-.venv/bin/python -m pip install -q --no-build-isolation .
+# The CUDA kernels build where nvcc is found (a few minutes); SLUICE_CUDA=OFF skips them.
+# --no-build-isolation: the build reads the XLA FFI headers from the jax installed above.
+if [ "${SLUICE_CUDA:-AUTO}" != OFF ] && command -v nvcc >/dev/null; then
+  echo "building libsluice with the CUDA kernels (sm_80, sm_90a: a few minutes; SLUICE_CUDA=OFF skips them)"
+else
+  echo "building libsluice (CPU)"
+fi
+CMAKE_ARGS="${CMAKE_ARGS:-} -DSLUICE_CUDA=${SLUICE_CUDA:-AUTO}" \
+  .venv/bin/python -m pip install -q --no-build-isolation .
 .venv/bin/python -c "import sluice; print('sluice', sluice.__version__, 'built, CUDA kernels:', sluice.has_cuda())"

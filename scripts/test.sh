@@ -12,4 +12,4 @@ cmake --build build/ctest -j"$(nproc)" >/dev/null
 
 echo "== Python tests"
 # Run from tests/ so `import sluice` finds the installed package, not the source tree.
-cd tests && ../.venv/bin/python -m pytest -q -p no:cacheprovider python "$@"
+cd tests && ../.venv/bin/python -m pytest -rs --durations=10 -p no:cacheprovider python "$@"

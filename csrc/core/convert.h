@@ -8,16 +8,23 @@
 
 #include "sluice.h"
 
-static inline float sl_bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
+/* An f32's bits as a uint32, and a uint32's bits as an f32. */
+static inline uint32_t sl_f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+static inline float sl_bits_f32(uint32_t u) {
   float f;
   memcpy(&f, &u, 4);
   return f;
 }
 
+static inline float sl_bf16_to_f32(uint16_t h) { return sl_bits_f32((uint32_t)h << 16); }
+
 static inline uint16_t sl_f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
+  uint32_t u = sl_f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
@@ -30,25 +37,18 @@ static inline float sl_f16_to_f32(uint16_t h) {
   const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
   const uint32_t inf = 0u - (e == 31u), sub = 0u - (e == 0u); /* all ones where true */
   const float fs = (float)(int32_t)m * 0x1p-24f;
-  uint32_t us, u = ((e + 112u) << 23 | (inf & (255u << 23))) | (m << 13);
-  memcpy(&us, &fs, 4);
-  u = (sub & us) | (~sub & u) | (uint32_t)(h & 0x8000u) << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
+  const uint32_t us = sl_f32_bits(fs), u = ((e + 112u) << 23 | (inf & (255u << 23))) | (m << 13);
+  return sl_bits_f32((sub & us) | (~sub & u) | (uint32_t)(h & 0x8000u) << 16);
 }
 
 static inline uint16_t sl_f32_to_f16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
+  uint32_t u = sl_f32_bits(f);
   uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
   u &= 0x7fffffffu;
   if (u > 0x7f800000u) return sign | 0x7e00u;  /* NaN */
   if (u >= 0x477ff000u) return sign | 0x7c00u; /* rounds to infinity */
   if (u < 0x38800000u) {                       /* f16 subnormal or zero: exact scaling, RNE */
-    float a;
-    memcpy(&a, &u, 4);
-    return sign | (uint16_t)nearbyintf(a * 16777216.0f);
+    return sign | (uint16_t)nearbyintf(sl_bits_f32(u) * 16777216.0f);
   }
   u += 0xfffu + ((u >> 13) & 1u);
   return sign | (uint16_t)((u - (112u << 23)) >> 13);

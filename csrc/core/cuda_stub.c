@@ -1,5 +1,10 @@
-/* Stand-ins for the CUDA entry points when the library is built without CUDA. */
-#include "internal.h"
+/* The CUDA entry points of a library built without CUDA (CMakeLists.txt builds this file instead of
+ * csrc/cuda/, and the C tests link it): gmm, swiglu and the expert-parallel layout and fan ops
+ * return SL_STATUS_UNSUPPORTED, and there is no device transport (sl_ep_comm_create with use_cuda,
+ * and the *_cuda exchange ops in ep_comm.c, say so). */
+#include "ep_internal.h"
+
+const ep_transport *const ep_device_transports[EP_NUM_DEVICE_TRANSPORTS] = {NULL};
 
 int sl_has_cuda(void) { return 0; }
 
@@ -40,4 +45,32 @@ sl_status sl_swiglu_bwd_cuda(const sl_swiglu_desc *desc, const void *dact, const
   (void)desc, (void)dact, (void)h, (void)row_weights, (void)group_sizes, (void)dh;
   (void)drow_weights, (void)stream;
   return not_built("swiglu_bwd");
+}
+
+sl_status sl_ep_layout_cuda(const sl_ep_desc *desc, const int32_t *topk_idx, int32_t *send_pos,
+                            int32_t *send_counts, int32_t *expert_counts, void *stream) {
+  (void)desc, (void)topk_idx, (void)send_pos, (void)send_counts, (void)expert_counts, (void)stream;
+  return not_built("ep layout");
+}
+
+sl_status sl_ep_fan_out_cuda(const sl_ep_fan_desc *desc, const void *recv_x,
+                             const int32_t *recv_idx, void *xs, int32_t *group_sizes, int32_t *pos,
+                             void *workspace, void *stream) {
+  (void)desc, (void)recv_x, (void)recv_idx, (void)xs, (void)group_sizes, (void)pos;
+  (void)workspace, (void)stream;
+  return not_built("ep fan_out");
+}
+
+sl_status sl_ep_fan_in_cuda(const sl_ep_fan_desc *desc, const void *ys, const float *w,
+                            const int32_t *pos, void *out, void *stream) {
+  (void)desc, (void)ys, (void)w, (void)pos, (void)out, (void)stream;
+  return not_built("ep fan_in");
+}
+
+sl_status sl_ep_fan_in_bwd_cuda(const sl_ep_fan_desc *desc, const void *dout, const void *ys,
+                                const float *w, const int32_t *pos, const int32_t *group_sizes,
+                                void *dys, float *dw, void *stream) {
+  (void)desc, (void)dout, (void)ys, (void)w, (void)pos, (void)group_sizes, (void)dys, (void)dw;
+  (void)stream;
+  return not_built("ep fan_in_bwd");
 }

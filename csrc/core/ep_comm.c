@@ -1,7 +1,12 @@
 /*
  * Expert-parallel communicators and the CPU rendezvous.
  *
- * A communicator is G groups of R ranks. The CPU transport is a rendezvous in shared memory: each
+ * A communicator is G groups of R ranks. Every communicator has the CPU rendezvous; one created
+ * with use_cuda also has a device transport (ep_device_transports[desc->transport]). The public
+ * entry points below find the communicator, check what is common to every transport, and call
+ * the transport's table (ep_internal.h).
+ *
+ * The CPU transport is a rendezvous in shared memory: each
  * rank's op (on its own thread) publishes pointers to its inputs, waits until every rank of its
  * group has, reads what it needs straight from the peers' arrays, then waits until every rank is
  * done reading before it returns (so no rank's inputs are freed while a peer still reads them).
@@ -80,7 +85,7 @@ static void free_group(ep_group *g) {
 }
 
 static void free_comm(sl_ep_comm *c) {
-  if (c->cuda) ep_cuda_detach(c);
+  if (c->device) c->device->detach(c);
   if (c->groups)
     for (int i = 0; i < c->num_groups; ++i) free_group(&c->groups[i]);
   free(c->groups);
@@ -137,7 +142,13 @@ sl_status sl_ep_comm_create(const sl_ep_comm_desc *desc, int64_t *comm_id) {
     pthread_condattr_destroy(&ca);
   }
   if (desc->use_cuda) {
-    sl_status st = ep_cuda_attach(c, desc);
+    c->device = ep_device_transports[desc->transport];
+    if (!c->device) {
+      free_comm(c);
+      return sl_set_error(SL_STATUS_UNSUPPORTED,
+                          "ep_comm_create: libsluice was built without CUDA");
+    }
+    sl_status st = c->device->attach(c, desc);
     if (st != SL_STATUS_SUCCESS) {
       free_comm(c);
       return st;
@@ -181,7 +192,7 @@ sl_status sl_ep_comm_destroy(int64_t comm_id) {
   return SL_STATUS_SUCCESS;
 }
 
-/* ---- multi-process setup: argument checks, then the CUDA transport ------------------------- */
+/* ---- multi-process setup: argument checks, then the device transport ----------------------- */
 static sl_status setup_args(int64_t comm_id, int group, int rank, const char *op,
                             sl_ep_comm **out) {
   sl_ep_comm *c = ep_comm_get(comm_id, op);
@@ -191,7 +202,7 @@ static sl_status setup_args(int64_t comm_id, int group, int rank, const char *op
                         "ep %s: (group %d, rank %d) is outside communicator %lld's %d groups of %d "
                         "ranks",
                         op, group, rank, (long long)comm_id, c->num_groups, c->num_ranks);
-  if (!c->cuda)
+  if (!c->device)
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "ep %s: communicator %lld has no CUDA transport (CPU ranks share one "
                         "process: nothing to exchange)",
@@ -208,7 +219,7 @@ sl_status sl_ep_comm_export(int64_t comm_id, int group, int rank, void *blob, si
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "ep comm_export: blob and bytes must not be NULL (blob: %d bytes)",
                         SL_EP_BLOB_BYTES);
-  return ep_cuda_export(c, group, rank, blob, bytes);
+  return c->device->export_blob(c, group, rank, blob, bytes);
 }
 
 sl_status sl_ep_comm_needs(int64_t comm_id, int group, int rank, int *needed) {
@@ -217,7 +228,7 @@ sl_status sl_ep_comm_needs(int64_t comm_id, int group, int rank, int *needed) {
   if (st) return st;
   if (!needed)
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "ep comm_needs: needed must not be NULL");
-  return ep_cuda_needs(c, group, rank, needed);
+  return c->device->needs(c, group, rank, needed);
 }
 
 sl_status sl_ep_comm_import(int64_t comm_id, int group, int rank, const void *blob, size_t bytes) {
@@ -229,21 +240,28 @@ sl_status sl_ep_comm_import(int64_t comm_id, int group, int rank, const void *bl
                         "ep comm_import: blob of (group %d, rank %d) has %zu bytes, expected 1..%d "
                         "(what sl_ep_comm_export gave on its process)",
                         group, rank, bytes, SL_EP_BLOB_BYTES);
-  return ep_cuda_import(c, group, rank, blob, bytes);
+  int needed = 0;
+  c->device->needs(c, group, rank, &needed);
+  if (!needed)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep comm_import: (group %d, rank %d) is not needed here (it is local, its "
+                        "group has no rank in this process, or the %s transport does not use it)",
+                        group, rank, c->device->name);
+  return c->device->import_blob(c, group, rank, blob, bytes);
 }
 
 sl_status sl_ep_comm_connect(int64_t comm_id) {
   sl_ep_comm *c = NULL;
   sl_status st = setup_args(comm_id, 0, 0, "comm_connect", &c);
   if (st) return st;
-  return ep_cuda_connect(c);
+  return c->device->connect(c);
 }
 
 sl_status sl_ep_comm_disconnect(int64_t comm_id) {
   sl_ep_comm *c = NULL;
   sl_status st = setup_args(comm_id, 0, 0, "comm_disconnect", &c);
   if (st) return st;
-  return ep_cuda_disconnect(c);
+  return c->device->disconnect(c);
 }
 
 sl_ep_comm *ep_comm_get(int64_t id, const char *op) {
@@ -393,6 +411,22 @@ static sl_status timed_out(sl_ep_comm *c, ep_group *g, int group, int rank, cons
   return st;
 }
 
+/* Marks this rank in flags and *count, wakes the group, then waits (bounded) until *count reaches
+ * R: the status, a timeout naming the ranks still unmarked and what they were waited for to do.
+ * Called with g->mu held. */
+static sl_status mark_and_wait(sl_ep_comm *c, ep_group *g, int group, int rank,
+                               const ep_exchange *x, unsigned char *flags, int *count,
+                               const char *op, const char *what) {
+  flags[rank] = 1;
+  (*count)++;
+  pthread_cond_broadcast(&g->cv);
+  const struct timespec dl = deadline_after(c->timeout_s);
+  int rc = wait_for(c, g, count, c->num_ranks, &dl);
+  if (rc == ETIMEDOUT) return timed_out(c, g, group, rank, x, flags, op, what);
+  if (rc < 0) return broken_error(c, op);
+  return SL_STATUS_SUCCESS;
+}
+
 sl_status ep_meet(sl_ep_comm *c, int group, int rank, int64_t tag, const ep_post *mine,
                   const char *op, ep_exchange **out) {
   if (group < 0 || group >= c->num_groups || rank < 0 || rank >= c->num_ranks)
@@ -414,16 +448,7 @@ sl_status ep_meet(sl_ep_comm *c, int group, int rank, int64_t tag, const ep_post
     return sl_set_error(SL_STATUS_OUT_OF_MEMORY, "ep %s: out of memory", op);
   }
   x->posts[rank] = *mine;
-  x->has_arrived[rank] = 1;
-  x->arrived++;
-  pthread_cond_broadcast(&g->cv);
-  const struct timespec dl = deadline_after(c->timeout_s);
-  int rc = wait_for(c, g, &x->arrived, R, &dl);
-  sl_status st = SL_STATUS_SUCCESS;
-  if (rc == ETIMEDOUT)
-    st = timed_out(c, g, group, rank, x, x->has_arrived, op, "arrive");
-  else if (rc < 0)
-    st = broken_error(c, op);
+  sl_status st = mark_and_wait(c, g, group, rank, x, x->has_arrived, &x->arrived, op, "arrive");
   pthread_mutex_unlock(&g->mu);
   *out = st == SL_STATUS_SUCCESS ? x : NULL;
   return st;
@@ -435,85 +460,83 @@ sl_status ep_leave(sl_ep_comm *c, int group, int rank, ep_exchange *x, const cha
   ep_group *g = &c->groups[group];
   const int R = c->num_ranks;
   pthread_mutex_lock(&g->mu);
-  x->has_finished[rank] = 1;
-  x->finished++;
-  pthread_cond_broadcast(&g->cv);
-  const struct timespec dl = deadline_after(c->timeout_s);
-  int rc = wait_for(c, g, &x->finished, R, &dl);
-  sl_status st = SL_STATUS_SUCCESS;
-  if (rc == ETIMEDOUT)
-    st = timed_out(c, g, group, rank, x, x->has_finished, op, "finish reading");
-  else if (rc < 0)
-    st = broken_error(c, op);
+  sl_status st =
+      mark_and_wait(c, g, group, rank, x, x->has_finished, &x->finished, op, "finish reading");
   /* Freed by the last rank out; after a failure it stays until the communicator is destroyed. */
   if (st == SL_STATUS_SUCCESS && ++x->left == R) unlink_exchange(g, x);
   pthread_mutex_unlock(&g->mu);
   return st;
 }
 
-/* ---- CUDA stand-ins: a CUDA build's csrc/cuda/ep_*.cu defines the real (strong) symbols ----- */
-#define EP_WEAK __attribute__((weak))
-
-EP_WEAK sl_status ep_cuda_attach(sl_ep_comm *c, const sl_ep_comm_desc *desc) {
-  (void)c, (void)desc;
-  return sl_set_error(SL_STATUS_UNSUPPORTED, "ep_comm_create: libsluice was built without CUDA");
-}
-EP_WEAK void ep_cuda_detach(sl_ep_comm *c) { (void)c; }
-EP_WEAK sl_status ep_cuda_export(sl_ep_comm *c, int group, int rank, void *blob, size_t *bytes) {
-  return sl_set_error(SL_STATUS_UNSUPPORTED, "ep comm_export: libsluice was built without CUDA");
-}
-EP_WEAK sl_status ep_cuda_needs(sl_ep_comm *c, int group, int rank, int *needed) {
-  return sl_set_error(SL_STATUS_UNSUPPORTED, "ep comm_needs: libsluice was built without CUDA");
-}
-EP_WEAK sl_status ep_cuda_import(sl_ep_comm *c, int group, int rank, const void *blob,
-                                 size_t bytes) {
-  return sl_set_error(SL_STATUS_UNSUPPORTED, "ep comm_import: libsluice was built without CUDA");
-}
-EP_WEAK sl_status ep_cuda_connect(sl_ep_comm *c) {
-  return sl_set_error(SL_STATUS_UNSUPPORTED, "ep comm_connect: libsluice was built without CUDA");
-}
-EP_WEAK sl_status ep_cuda_disconnect(sl_ep_comm *c) {
-  return sl_set_error(SL_STATUS_UNSUPPORTED,
-                      "ep comm_disconnect: libsluice was built without CUDA");
+/* ---- ops: the CPU rendezvous, or the communicator's device transport ---------------------- */
+sl_status sl_ep_dispatch_cpu(int64_t comm_id, int group, int rank, const sl_ep_desc *d,
+                             const void *x, const int32_t *topk_idx, const float *topk_w,
+                             void *recv_x, int32_t *recv_idx, float *recv_w, int32_t *num_recv,
+                             int32_t *counts, int32_t *send_row, int32_t *recv_src) {
+  sl_ep_comm *c = ep_comm_get(comm_id, "dispatch");
+  if (!c) return SL_STATUS_INVALID_ARGUMENT;
+  const ep_site at = {group, rank, NULL};
+  return ep_transport_cpu.dispatch(c, at, d, x, topk_idx, topk_w, recv_x, recv_idx, recv_w,
+                                   num_recv, counts, send_row, recv_src);
 }
 
-static sl_status ep_not_built(const char *op) {
-  return sl_set_error(SL_STATUS_UNSUPPORTED, "ep %s: libsluice was built without CUDA", op);
+sl_status sl_ep_combine_cpu(int64_t comm_id, int group, int rank, const sl_ep_desc *d,
+                            const void *y, const float *y_w, const int32_t *send_row, void *out,
+                            float *out_w) {
+  sl_ep_comm *c = ep_comm_get(comm_id, "combine");
+  if (!c) return SL_STATUS_INVALID_ARGUMENT;
+  const ep_site at = {group, rank, NULL};
+  return ep_transport_cpu.combine(c, at, d, y, y_w, send_row, out, out_w);
 }
 
-EP_WEAK sl_status sl_ep_dispatch_cuda(int64_t comm_id, const sl_ep_desc *desc, const void *x,
-                                      const int32_t *topk_idx, const float *topk_w, void *recv_x,
-                                      int32_t *recv_idx, float *recv_w, int32_t *num_recv,
-                                      int32_t *counts, int32_t *send_row, int32_t *recv_src,
-                                      void *stream) {
-  return ep_not_built("dispatch");
+sl_status sl_ep_redispatch_cpu(int64_t comm_id, int group, int rank, const sl_ep_desc *d,
+                               const void *g, const int32_t *recv_src, void *out) {
+  sl_ep_comm *c = ep_comm_get(comm_id, "redispatch");
+  if (!c) return SL_STATUS_INVALID_ARGUMENT;
+  const ep_site at = {group, rank, NULL};
+  return ep_transport_cpu.redispatch(c, at, d, g, recv_src, out);
 }
-EP_WEAK sl_status sl_ep_layout_cuda(const sl_ep_desc *desc, const int32_t *topk_idx,
-                                    int32_t *send_pos, int32_t *send_counts, int32_t *expert_counts,
-                                    void *stream) {
-  return ep_not_built("layout");
+
+/* The communicator of a device op, with its device transport. */
+static sl_status device_comm(int64_t comm_id, const char *op, sl_ep_comm **c) {
+  if (!sl_has_cuda())
+    return sl_set_error(SL_STATUS_UNSUPPORTED, "ep %s: libsluice was built without CUDA", op);
+  *c = ep_comm_get(comm_id, op);
+  if (!*c) return SL_STATUS_INVALID_ARGUMENT;
+  if (!(*c)->device)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep %s: communicator %lld was set up without CUDA (a CPU mesh?)", op,
+                        (long long)comm_id);
+  return SL_STATUS_SUCCESS;
 }
-EP_WEAK sl_status sl_ep_combine_cuda(int64_t comm_id, const sl_ep_desc *desc, const void *y,
-                                     const float *y_w, const int32_t *send_row, void *out,
-                                     float *out_w, void *stream) {
-  return ep_not_built("combine");
+
+sl_status sl_ep_dispatch_cuda(int64_t comm_id, const sl_ep_desc *d, const void *x,
+                              const int32_t *topk_idx, const float *topk_w, void *recv_x,
+                              int32_t *recv_idx, float *recv_w, int32_t *num_recv, int32_t *counts,
+                              int32_t *send_row, int32_t *recv_src, void *stream) {
+  sl_ep_comm *c = NULL;
+  sl_status st = device_comm(comm_id, "dispatch", &c);
+  if (st) return st;
+  const ep_site at = {-1, -1, stream};
+  return c->device->dispatch(c, at, d, x, topk_idx, topk_w, recv_x, recv_idx, recv_w, num_recv,
+                             counts, send_row, recv_src);
 }
-EP_WEAK sl_status sl_ep_redispatch_cuda(int64_t comm_id, const sl_ep_desc *desc, const void *g,
-                                        const int32_t *recv_src, void *out, void *stream) {
-  return ep_not_built("redispatch");
+
+sl_status sl_ep_combine_cuda(int64_t comm_id, const sl_ep_desc *d, const void *y,
+                             const float *y_w, const int32_t *send_row, void *out, float *out_w,
+                             void *stream) {
+  sl_ep_comm *c = NULL;
+  sl_status st = device_comm(comm_id, "combine", &c);
+  if (st) return st;
+  const ep_site at = {-1, -1, stream};
+  return c->device->combine(c, at, d, y, y_w, send_row, out, out_w);
 }
-EP_WEAK sl_status sl_ep_fan_out_cuda(const sl_ep_fan_desc *desc, const void *recv_x,
-                                     const int32_t *recv_idx, void *xs, int32_t *group_sizes,
-                                     int32_t *pos, void *workspace, void *stream) {
-  return ep_not_built("fan_out");
-}
-EP_WEAK sl_status sl_ep_fan_in_cuda(const sl_ep_fan_desc *desc, const void *ys, const float *w,
-                                    const int32_t *pos, void *out, void *stream) {
-  return ep_not_built("fan_in");
-}
-EP_WEAK sl_status sl_ep_fan_in_bwd_cuda(const sl_ep_fan_desc *desc, const void *dout,
-                                        const void *ys, const float *w, const int32_t *pos,
-                                        const int32_t *group_sizes, void *dys, float *dw,
-                                        void *stream) {
-  return ep_not_built("fan_in_bwd");
+
+sl_status sl_ep_redispatch_cuda(int64_t comm_id, const sl_ep_desc *d, const void *g,
+                                const int32_t *recv_src, void *out, void *stream) {
+  sl_ep_comm *c = NULL;
+  sl_status st = device_comm(comm_id, "redispatch", &c);
+  if (st) return st;
+  const ep_site at = {-1, -1, stream};
+  return c->device->redispatch(c, at, d, g, recv_src, out);
 }

@@ -1,7 +1,7 @@
 /*
  * Expert parallelism on the CPU: the layout (which rank each token goes to, and where), dispatch,
- * combine and redispatch over the shared-memory rendezvous of ep_comm.c, and the local fan_out /
- * fan_in. See include/sluice.h for the contract.
+ * combine and redispatch over the shared-memory rendezvous of ep_comm.c (the CPU transport's table,
+ * ep_transport_cpu), and the local fan_out / fan_in. See include/sluice.h for the contract.
  *
  * The transport pulls: after the rendezvous each rank reads the peers' arrays it needs (rows of x
  * for dispatch, rows of y for combine) straight from their memory, so each row is copied exactly
@@ -164,16 +164,14 @@ static sl_status check_posts(const ep_exchange *x, int R, int group, const ep_po
   return SL_STATUS_SUCCESS;
 }
 
-/* Common prologue: the communicator, the desc against it. */
-static sl_status open_op(int64_t comm_id, const sl_ep_desc *d, const char *op, sl_ep_comm **c) {
-  *c = ep_comm_get(comm_id, op);
-  if (!*c) return SL_STATUS_INVALID_ARGUMENT;
+/* Common prologue: the desc against the communicator. */
+static sl_status open_op(const sl_ep_comm *c, const sl_ep_desc *d, const char *op) {
   sl_status st = check_desc(d, op);
   if (st) return st;
-  if (d->num_ranks != (*c)->num_ranks)
+  if (d->num_ranks != c->num_ranks)
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "ep %s: desc->num_ranks=%lld but communicator %lld has %d ranks per group",
-                        op, (long long)d->num_ranks, (long long)comm_id, (*c)->num_ranks);
+                        op, (long long)d->num_ranks, (long long)c->id, c->num_ranks);
   return SL_STATUS_SUCCESS;
 }
 
@@ -194,13 +192,13 @@ static sl_status meet_checked(sl_ep_comm *c, int group, int rank, const sl_ep_de
   return SL_STATUS_SUCCESS;
 }
 
-sl_status sl_ep_dispatch_cpu(int64_t comm_id, int group, int rank, const sl_ep_desc *d,
-                             const void *x, const int32_t *topk_idx, const float *topk_w,
-                             void *recv_x, int32_t *recv_idx, float *recv_w, int32_t *num_recv,
-                             int32_t *counts, int32_t *send_row, int32_t *recv_src) {
+static sl_status cpu_dispatch(sl_ep_comm *c, ep_site at, const sl_ep_desc *d, const void *x,
+                              const int32_t *topk_idx, const float *topk_w, void *recv_x,
+                              int32_t *recv_idx, float *recv_w, int32_t *num_recv,
+                              int32_t *counts, int32_t *send_row, int32_t *recv_src) {
   const char *op = "dispatch";
-  sl_ep_comm *c;
-  sl_status st = open_op(comm_id, d, op, &c);
+  const int group = at.group, rank = at.rank;
+  sl_status st = open_op(c, d, op);
   if (st) return st;
   const int64_t R = c->num_ranks, T = d->num_tokens, H = d->hidden, k = d->topk;
   const int64_t L = d->num_experts / R, N = T * R;
@@ -275,12 +273,11 @@ sl_status sl_ep_dispatch_cpu(int64_t comm_id, int group, int rank, const sl_ep_d
   return st;
 }
 
-sl_status sl_ep_combine_cpu(int64_t comm_id, int group, int rank, const sl_ep_desc *d,
-                            const void *y, const float *y_w, const int32_t *send_row, void *out,
-                            float *out_w) {
+static sl_status cpu_combine(sl_ep_comm *c, ep_site at, const sl_ep_desc *d, const void *y,
+                             const float *y_w, const int32_t *send_row, void *out, float *out_w) {
   const char *op = "combine";
-  sl_ep_comm *c;
-  sl_status st = open_op(comm_id, d, op, &c);
+  const int group = at.group, rank = at.rank;
+  sl_status st = open_op(c, d, op);
   if (st) return st;
   const int64_t R = c->num_ranks, T = d->num_tokens, H = d->hidden, k = d->topk, N = T * R;
   ep_post mine;
@@ -328,11 +325,11 @@ sl_status sl_ep_combine_cpu(int64_t comm_id, int group, int rank, const sl_ep_de
   return ep_leave(c, group, rank, ex, op);
 }
 
-sl_status sl_ep_redispatch_cpu(int64_t comm_id, int group, int rank, const sl_ep_desc *d,
-                               const void *g, const int32_t *recv_src, void *out) {
+static sl_status cpu_redispatch(sl_ep_comm *c, ep_site at, const sl_ep_desc *d, const void *g,
+                                const int32_t *recv_src, void *out) {
   const char *op = "redispatch";
-  sl_ep_comm *c;
-  sl_status st = open_op(comm_id, d, op, &c);
+  const int group = at.group, rank = at.rank;
+  sl_status st = open_op(c, d, op);
   if (st) return st;
   const int64_t R = c->num_ranks, T = d->num_tokens, H = d->hidden, N = T * R;
   const size_t row_bytes = (size_t)H * sl_dtype_size(d->dtype);
@@ -362,6 +359,11 @@ sl_status sl_ep_redispatch_cpu(int64_t comm_id, int group, int rank, const sl_ep
   }
   return ep_leave(c, group, rank, ex, op);
 }
+
+/* Every communicator has it; the ranks share one process, so there is no setup. */
+const ep_transport ep_transport_cpu = {
+    "CPU", NULL, NULL, NULL, NULL, NULL, NULL, NULL, cpu_dispatch, cpu_combine, cpu_redispatch,
+};
 
 /* ---- fan_out / fan_in ---- */
 sl_ep_fan_desc sl_ep_fan_desc_default(void) {

@@ -1,5 +1,6 @@
-/* Expert parallelism, internal: the communicator, the CPU rendezvous, and the hooks through which
- * the CUDA transport attaches its state to a communicator. Not installed. */
+/* Expert parallelism, internal: the communicator, the CPU rendezvous, and the transport table
+ * through which the public entry points reach a transport (the CPU rendezvous of ep_cpu.c, or a
+ * device transport of csrc/cuda/). Not installed. */
 #ifndef SLUICE_EP_INTERNAL_H_
 #define SLUICE_EP_INTERNAL_H_
 
@@ -26,6 +27,7 @@ typedef struct ep_post {
 
 typedef struct ep_exchange ep_exchange;
 typedef struct ep_group ep_group;
+typedef struct ep_transport ep_transport;
 
 typedef struct sl_ep_comm {
   int64_t id;
@@ -34,8 +36,9 @@ typedef struct sl_ep_comm {
   int broken;           /* 0, then 1 for good: read and written with __atomic builtins */
   int broken_claim;     /* the first failure claims broken_msg (an __atomic exchange) */
   char broken_msg[512]; /* written before broken is released */
-  ep_group *groups;     /* [num_groups] */
-  void *cuda;           /* the CUDA transport's state, or NULL */
+  ep_group *groups;     /* [num_groups]: the CPU rendezvous, which every communicator has */
+  const ep_transport *device; /* the device transport (use_cuda), or NULL */
+  void *device_state;         /* its state, set by its attach */
 } sl_ep_comm;
 
 /* The communicator named by id, or NULL (with the last error set). */
@@ -50,19 +53,50 @@ const ep_post *ep_post_of(const ep_exchange *ex, int rank);
 /* Marks this rank done reading its peers and waits (bounded) until every rank is. */
 sl_status ep_leave(sl_ep_comm *c, int group, int rank, ep_exchange *ex, const char *op);
 
-/* CUDA transport hooks (weak stubs in CPU-only builds: csrc/core/ep_comm.c). The public
- * export/needs/import entry points check the communicator, group and rank, then call these. */
-sl_status ep_cuda_attach(sl_ep_comm *c, const sl_ep_comm_desc *desc);
-void ep_cuda_detach(sl_ep_comm *c);
-sl_status ep_cuda_export(sl_ep_comm *c, int group, int rank, void *blob, size_t *bytes);
-sl_status ep_cuda_needs(sl_ep_comm *c, int group, int rank, int *needed);
-sl_status ep_cuda_import(sl_ep_comm *c, int group, int rank, const void *blob, size_t bytes);
-sl_status ep_cuda_connect(sl_ep_comm *c);
-sl_status ep_cuda_disconnect(sl_ep_comm *c);
+/* Where one op runs. The CPU transport: rank `rank` of group `group`, blocking on the caller's
+ * thread. A device transport: the rank whose device is current, stream-ordered on `stream`. */
+typedef struct ep_site {
+  int group, rank;
+  void *stream;
+} ep_site;
+
+/* A transport: what the public entry points (ep_comm.c) call once they have found the
+ * communicator and checked (group, rank). Adding one = a file that defines its table and an entry
+ * in ep_device_transports (with its sl_ep_transport value). The setup hooks are NULL where a
+ * transport has no setup (the CPU rendezvous: its ranks share one process). */
+struct ep_transport {
+  const char *name; /* in messages: "CPU", "PEER", "IPC", "NCCL" */
+  /* Allocates the communicator's device_state (its failure leaves whatever it set for detach). */
+  sl_status (*attach)(sl_ep_comm *c, const sl_ep_comm_desc *desc);
+  void (*detach)(sl_ep_comm *c); /* frees device_state; fine when attach failed half-way */
+  /* The multi-process setup of include/sluice.h, (group, rank) checked by the caller; import is
+   * called only for a rank that needs says is needed, with 1..SL_EP_BLOB_BYTES bytes. */
+  sl_status (*export_blob)(sl_ep_comm *c, int group, int rank, void *blob, size_t *bytes);
+  sl_status (*needs)(sl_ep_comm *c, int group, int rank, int *needed);
+  sl_status (*import_blob)(sl_ep_comm *c, int group, int rank, const void *blob, size_t bytes);
+  sl_status (*connect)(sl_ep_comm *c);
+  sl_status (*disconnect)(sl_ep_comm *c);
+  /* The ops, arrays as in include/sluice.h (host pointers for CPU, device pointers otherwise). */
+  sl_status (*dispatch)(sl_ep_comm *c, ep_site at, const sl_ep_desc *d, const void *x,
+                        const int32_t *topk_idx, const float *topk_w, void *recv_x,
+                        int32_t *recv_idx, float *recv_w, int32_t *num_recv, int32_t *counts,
+                        int32_t *send_row, int32_t *recv_src);
+  sl_status (*combine)(sl_ep_comm *c, ep_site at, const sl_ep_desc *d, const void *y,
+                       const float *y_w, const int32_t *send_row, void *out, float *out_w);
+  sl_status (*redispatch)(sl_ep_comm *c, ep_site at, const sl_ep_desc *d, const void *g,
+                          const int32_t *recv_src, void *out);
+};
+
+/* The CPU rendezvous (ep_cpu.c). */
+extern const ep_transport ep_transport_cpu;
+
+/* The device transports by sl_ep_transport value; NULL where this build has none. Defined by the
+ * CUDA build (csrc/cuda/ep_common.cu) or, built without CUDA, by csrc/core/cuda_stub.c. */
+enum { EP_NUM_DEVICE_TRANSPORTS = SL_EP_TRANSPORT_NCCL + 1 };
+extern const ep_transport *const ep_device_transports[EP_NUM_DEVICE_TRANSPORTS];
 
 /* fan_out on CUDA sorts in chunks of whole rows, at most 1024 slots each. */
 static inline int64_t ep_fan_chunk_rows(int64_t k) { return k >= 1024 ? 1 : 1024 / k; }
-
 
 /* Adds row i of a [*, H] array of dtype t to acc (f32). */
 void ep_row_accumulate(sl_dtype t, const void *src, int64_t row, int64_t h, float scale,

@@ -5,13 +5,8 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
-static inline float sl_bits_f32(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
+#include "convert.h"
 
 /* e^x = 2^n e^r, n = round(x / ln2), |r| <= ln2/2, e^r = 1 + r + r^2 P(r) (Cephes' expf
  * polynomial). n comes from the bits of x / ln2 + 1.5 * 2^23, not a float -> int conversion (UB
@@ -20,9 +15,8 @@ static inline float sl_bits_f32(uint32_t u) {
  * chosen at the end, where comparisons leave NaN to the arithmetic, which keeps it NaN. */
 static inline float sl_vexpf(float x) {
   const float shift = 0x1.8p23f, t = x * 1.44269504088896341f + shift, n = t - shift;
-  uint32_t tb;
-  memcpy(&tb, &t, 4);
-  const int32_t k = (int32_t)(tb - 0x4b400000u), k1 = k >> 1, k2 = k - k1; /* n in two halves */
+  /* n in two halves */
+  const int32_t k = (int32_t)(sl_f32_bits(t) - 0x4b400000u), k1 = k >> 1, k2 = k - k1;
   const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f; /* Cody-Waite ln2: n hi exact */
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;

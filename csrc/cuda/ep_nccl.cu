@@ -1,479 +1,363 @@
 /*
- * NCCL plumbing of the expert-parallel NCCL transport: loading libnccl (dlopen: libsluice must load
- * where NCCL is absent), communicators created non-blocking with a bounded wait, grouped send/recv
- * on the caller's stream, and a watchdog thread per communicator that aborts it when an exchange
- * has not completed timeout_s after it could start (a peer that never arrives), recording the rank
- * and call. Without nccl.h at build time (SLUICE_HAVE_NCCL undefined) every entry returns
- * UNSUPPORTED.
+ * The NCCL transport of expert parallelism: any GPUs, several hosts included. NCCL send/recv of
+ * fixed worst-case blocks (T rows per peer, whatever the routing: without a host sync the sizes
+ * must be fixed) through our own communicator (ep_nccl_comm.cu: libnccl loaded at run time, a
+ * watchdog per communicator); each rank's staging area holds what it receives.
+ *
+ * dispatch: every rank sends its whole x, topk_idx and topk_weights to every peer; each rank then
+ * computes every source's layout (launch_layout_multi) and gathers the rows routed to it.
+ * combine: counts per destination, an all-gather of them, the rows of each source packed into
+ * T-row blocks, the exchange, then the local combine (ep_pull.cu). redispatch: every rank sends its
+ * whole g, then the local redispatch.
+ * Setup: rank 0 of each group makes the group's ncclUniqueId; the other processes import it; connect
+ * creates the communicators (a bounded wait for every rank of the group).
  */
-#include <stdio.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "ep_nccl.h"
+#include "ep_common.cuh"
 
-#ifndef SLUICE_HAVE_NCCL
-
-sl_status ep_nccl_load(const char *op) {
-  return sl_set_error(SL_STATUS_UNSUPPORTED,
-                      "ep %s: libsluice was built without nccl.h (the NCCL transport is not "
-                      "built; CMake looks in NCCL_HOME, the CUDA toolkit and the nvidia-nccl "
-                      "Python wheel)",
-                      op);
-}
-sl_status ep_nccl_unique_id(unsigned char *id) { return ep_nccl_load("comm_export"); }
-sl_status ep_nccl_init(int n, const int *ordinals, const int *ranks, const int *groups, int R,
-                       const unsigned char *ids, double timeout_s, ep_nccl **out) {
-  return ep_nccl_load("comm_connect");
-}
-sl_status ep_nccl_exchange(ep_nccl *h, cudaStream_t stream, const ep_xfer *send, int nsend,
-                           const ep_xfer *recv, int nrecv, const char *op,
-                           unsigned long long call) {
-  return ep_nccl_load(op);
-}
-sl_status ep_nccl_allgather(ep_nccl *h, cudaStream_t stream, const void *send, void *recv,
-                            size_t bytes, const char *op, unsigned long long call) {
-  return ep_nccl_load(op);
-}
-int ep_nccl_failed(ep_nccl *h, char *msg, size_t len) { return 0; }
-void ep_nccl_destroy(ep_nccl *h) {}
-
-#else
-
-#include <dlfcn.h>
-#include <nccl.h>
-#include <pthread.h>
-#include <time.h>
-#include <unistd.h>
-
+namespace sluice_cuda {
 namespace {
 
-struct Api {
-  decltype(&ncclGetUniqueId) getUniqueId;
-  decltype(&ncclCommInitRankConfig) initRankConfig;
-  decltype(&ncclCommGetAsyncError) getAsyncError;
-  decltype(&ncclCommAbort) abort;
-  decltype(&ncclCommDestroy) destroy;
-  decltype(&ncclGroupStart) groupStart;
-  decltype(&ncclGroupEnd) groupEnd;
-  decltype(&ncclSend) send;
-  decltype(&ncclRecv) recv;
-  decltype(&ncclGetErrorString) errStr;
+struct GatherArgs {
+  const char *xs[kMaxRanks]; /* source s's x, topk_idx, topk_weights (mine for s == me) */
+  const int *idxs[kMaxRanks];
+  const float *ws[kMaxRanks];
+  const int *pos;  /* [R][T*R] every source's positions (layout_multi_kernel) */
+  const int *cnt;  /* [R][R] rows s -> d */
+  const int *hist; /* [R][E] slots per expert of every source */
+  char *recv_x;
+  int *recv_idx, *recv_src, *num_recv, *counts, *send_row;
+  float *recv_w;
+  int R, me, T, k, E, L, vec;
+  int64_t row_bytes;
 };
 
-Api api;
-int api_state = 0; /* 0 not tried, 1 loaded, -1 failed */
-char api_why[512];
-pthread_mutex_t api_mu = PTHREAD_MUTEX_INITIALIZER;
-
-double now_s() {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-int load_locked() {
-  if (api_state) return api_state;
-  const char *cands[4] = {getenv("SLUICE_NCCL_LIBRARY"), "libnccl.so.2",
-#ifdef SLUICE_NCCL_PATH
-                          SLUICE_NCCL_PATH,
-#else
-                          NULL,
-#endif
-                          "libnccl.so"};
-  void *so = NULL;
-  for (int i = 0; i < 4 && !so; ++i)
-    if (cands[i] && *cands[i]) so = dlopen(cands[i], RTLD_NOW | RTLD_GLOBAL);
-  if (!so) {
-    snprintf(api_why, sizeof api_why,
-             "libnccl could not be loaded (tried $SLUICE_NCCL_LIBRARY, libnccl.so.2, the build's "
-             "libnccl): %s",
-             dlerror());
-    return api_state = -1;
-  }
-#define SYM(field, name)                                                                  \
-  do {                                                                                    \
-    *(void **)&api.field = dlsym(so, name);                                               \
-    if (!api.field) {                                                                     \
-      snprintf(api_why, sizeof api_why, "libnccl has no %s (NCCL >= 2.14 needed)", name); \
-      return api_state = -1;                                                              \
-    }                                                                                     \
-  } while (0)
-  SYM(getUniqueId, "ncclGetUniqueId");
-  SYM(initRankConfig, "ncclCommInitRankConfig");
-  SYM(getAsyncError, "ncclCommGetAsyncError");
-  SYM(abort, "ncclCommAbort");
-  SYM(destroy, "ncclCommDestroy");
-  SYM(groupStart, "ncclGroupStart");
-  SYM(groupEnd, "ncclGroupEnd");
-  SYM(send, "ncclSend");
-  SYM(recv, "ncclRecv");
-  SYM(errStr, "ncclGetErrorString");
-#undef SYM
-  return api_state = 1;
-}
-
-constexpr int kRing = 256;
-
-struct Pending {
-  cudaEvent_t ev;
-  double t0;
-  unsigned long long call;
-  char op[24];
-};
-
-}  // namespace
-
-struct ep_nccl {
-  ncclComm_t comm;
-  int ordinal, rank, group, R;
-  double timeout_s;
-  pthread_mutex_t mu;
-  pthread_t thread;
-  int thread_started, stop;
-  int failed;
-  char msg[512];
-  Pending ring[kRing];
-  int head, tail;   /* ring[tail..head) pending, in stream order */
-  double last_done; /* when the watchdog last saw an exchange complete */
-};
-
-namespace {
-
-/* Called with h->mu held: aborts the communicator and records why (first failure only). */
-void fail_locked(ep_nccl *h, const char *fmt, const char *op, unsigned long long call, double s) {
-  if (h->failed) return;
-  h->failed = 1;
-  snprintf(h->msg, sizeof h->msg, fmt, op, h->rank, h->group, h->ordinal, s, call);
-  if (h->comm) api.abort(h->comm);
-  h->comm = NULL;
-}
-
-void *watchdog(void *arg) {
-  ep_nccl *h = (ep_nccl *)arg;
-  cudaSetDevice(h->ordinal);
-  for (;;) {
-    usleep(20000);
-    pthread_mutex_lock(&h->mu);
-    if (h->stop) {
-      pthread_mutex_unlock(&h->mu);
-      break;
+__global__ void __launch_bounds__(kThreads) nccl_gather_kernel(GatherArgs a) {
+  __shared__ int lo[kMaxRanks + 1], at_peer[kMaxRanks];
+  const int R = a.R, me = a.me, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    int o = 0;
+    for (int s = 0; s < R; ++s) {
+      lo[s] = o;
+      o += a.cnt[s * R + me];
     }
-    while (h->tail != h->head && !h->failed) {
-      Pending *p = &h->ring[h->tail % kRing];
-      cudaError_t q = cudaEventQuery(p->ev);
-      if (q == cudaErrorNotReady) {
-        const double start = p->t0 > h->last_done ? p->t0 : h->last_done;
-        if (now_s() - start > h->timeout_s)
-          fail_locked(h,
-                      "ep %s (NCCL): rank %d of group %d (device %d) waited %.3g s at call #%llu "
-                      "for its peers' sends and receives (a peer that never arrived?); the NCCL "
-                      "communicator was aborted (set it up again)",
-                      p->op, p->call, h->timeout_s);
-        break;
-      }
-      if (q != cudaSuccess) cudaGetLastError();
-      h->last_done = now_s();
-      h->tail++;
+    lo[R] = o;
+    for (int d = 0; d < R; ++d) {
+      int b = 0;
+      for (int s = 0; s < me; ++s) b += a.cnt[s * R + d];
+      at_peer[d] = b; /* where my block starts in d's buffer */
     }
-    pthread_mutex_unlock(&h->mu);
   }
-  return NULL;
+  __syncthreads();
+  const int64_t N = (int64_t)a.T * R;
+  const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), nw = gridDim.x * kWarps;
+  for (int64_t i = gw; i < N; i += nw) {
+    const int s = (int)(i / a.T), t = (int)(i % a.T);
+    const int p = a.pos[(int64_t)s * N + (int64_t)t * R + me];
+    if (p < 0) continue;
+    const int64_t row = lo[s] + p;
+    any_copy_row(a.recv_x + row * a.row_bytes, a.xs[s] + (int64_t)t * a.row_bytes, a.row_bytes,
+                 a.vec, lane);
+    int e = lane < a.k ? a.idxs[s][(int64_t)t * a.k + lane] : -1;
+    const float wt = lane < a.k ? a.ws[s][(int64_t)t * a.k + lane] : 0.0f;
+    e = clean_expert(e, lane, a.k, a.E, nullptr);
+    const bool mine = e >= 0 && e / a.L == me;
+    if (lane < a.k) {
+      a.recv_idx[row * a.k + lane] = mine ? e - me * a.L : -1;
+      a.recv_w[row * a.k + lane] = mine ? wt : 0.0f;
+    }
+    if (lane == 0) a.recv_src[row] = s * a.T + t;
+  }
+  for (int64_t r = lo[R] + gw; r < N; r += nw) {
+    zero_row(a.recv_x + r * a.row_bytes, a.row_bytes, a.vec, lane);
+    if (lane < a.k) {
+      a.recv_idx[r * a.k + lane] = -1;
+      a.recv_w[r * a.k + lane] = 0.0f;
+    }
+    if (lane == 0) a.recv_src[r] = -1;
+  }
+  const int tid = blockIdx.x * blockDim.x + threadIdx.x, nt = gridDim.x * blockDim.x;
+  for (int64_t i = tid; i < (int64_t)a.T * R; i += nt) {
+    const int p = a.pos[(int64_t)me * N + i];
+    a.send_row[i] = p >= 0 ? at_peer[i % R] + p : -1;
+  }
+  for (int e = tid; e < a.L; e += nt) {
+    int sum = 0;
+    for (int s = 0; s < R; ++s) sum += a.hist[(int64_t)s * a.E + me * a.L + e];
+    a.counts[e] = sum;
+  }
+  if (tid == 0) *a.num_recv = lo[R];
 }
 
-sl_status nccl_error(ep_nccl *h, ncclResult_t r, const char *op, const char *what) {
-  return sl_set_error(SL_STATUS_INTERNAL, "ep %s (NCCL): rank %d of group %d: %s: %s", op,
-                      h ? h->rank : -1, h ? h->group : -1, what, api.errStr(r));
+/* combine, NCCL: my rows per destination from send_row (one block). */
+__global__ void __launch_bounds__(kThreads)
+    count_rows_kernel(const int *send_row, int T, int R, int *out) {
+  __shared__ int cnt[kMaxRanks];
+  if (threadIdx.x < R) cnt[threadIdx.x] = 0;
+  __syncthreads();
+  int mine[kMaxRanks];
+  for (int d = 0; d < kMaxRanks; ++d) mine[d] = 0;
+  for (int64_t i = threadIdx.x; i < (int64_t)T * R; i += blockDim.x)
+    if (send_row[i] >= 0) mine[i % R]++;
+  for (int d = 0; d < R; ++d)
+    if (mine[d]) atomicAdd(&cnt[d], mine[d]);
+  __syncthreads();
+  if (threadIdx.x < R) out[threadIdx.x] = cnt[threadIdx.x];
 }
 
-/* Waits (bounded) until a non-blocking communicator is no longer in progress. Every op waits here
- * for NCCL's enqueue (its background thread) before our next kernel may go on the stream, so spin
- * first: sleeping 200 us per poll made the host, not the link, the bound of the NCCL transport
- * (2026-11-22: combine 655 us in two processes, two waits per call). */
-ncclResult_t wait_ready(ncclComm_t comm, double deadline) {
-  ncclResult_t st = ncclInProgress;
-  const double spin_until = now_s() + 5e-3;
-  for (;;) {
-    ncclResult_t r = api.getAsyncError(comm, &st);
-    if (r != ncclSuccess) return r;
-    if (st != ncclInProgress) return st;
-    const double t = now_s();
-    if (t > deadline) return ncclInProgress;
-    if (t > spin_until) usleep(50);
+/* combine, NCCL: source s's rows of y (and y_w) into block s of the send area (T rows each). */
+struct PackArgs {
+  const char *y;
+  const float *y_w;
+  const int *cnt_all; /* [R*R] */
+  char *send;         /* [R][T rows] */
+  float *send_w;      /* [R][T*k] */
+  int R, me, T, k, vec;
+  int64_t row_bytes;
+};
+
+__global__ void __launch_bounds__(kThreads) pack_kernel(PackArgs a) {
+  __shared__ int lo[kMaxRanks], num[kMaxRanks];
+  if (threadIdx.x == 0) {
+    int o = 0;
+    for (int s = 0; s < a.R; ++s) {
+      lo[s] = o;
+      num[s] = a.cnt_all[s * a.R + a.me];
+      o += num[s];
+    }
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), nw = gridDim.x * kWarps;
+  for (int s = 0; s < a.R; ++s) {
+    if (s == a.me) continue;
+    for (int i = gw; i < num[s]; i += nw) {
+      const int64_t from = lo[s] + i, to = (int64_t)s * a.T + i;
+      any_copy_row(a.send + to * a.row_bytes, a.y + from * a.row_bytes, a.row_bytes, a.vec, lane);
+      if (a.y_w && lane < a.k) a.send_w[to * a.k + lane] = a.y_w[from * a.k + lane];
+    }
   }
 }
 
-/* After enqueuing: the watchdog's event (none while the stream is being captured into a graph). */
-void watch(ep_nccl *h, cudaStream_t s, const char *op, unsigned long long call) {
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(s, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
-    cudaGetLastError();
-    return;
+/* ---- setup: the group's ncclUniqueId, made by rank 0's process ------------------------------- */
+sl_status nccl_export(sl_ep_comm *c, int group, int rank, void *blob, size_t *bytes) {
+  State *st = state_of(c);
+  Rank *rk = NULL;
+  sl_status not_local = local_rank_of(st, group, rank, &rk, bytes);
+  if (not_local) return not_local;
+  if (rank != 0) return SL_STATUS_SUCCESS; /* NCCL: rank 0 of each group makes the id */
+  if (!rk->have_id) {
+    sl_status s = ep_nccl_unique_id(rk->id);
+    if (s) return s;
+    rk->have_id = 1;
+    for (int r = 1; r < st->R; ++r) { /* the other local ranks of the group share it */
+      Rank *q = &st->ranks[group * st->R + r];
+      memcpy(q->id, rk->id, EP_NCCL_ID_BYTES);
+      q->have_id = 1;
+    }
   }
-  if (h->head - h->tail >= kRing) return; /* too many in flight to watch: skip this one */
-  Pending *p = &h->ring[h->head % kRing];
-  if (cudaEventRecord(p->ev, s) != cudaSuccess) {
-    cudaGetLastError();
-    return;
-  }
-  p->t0 = now_s();
-  p->call = call;
-  snprintf(p->op, sizeof p->op, "%s", op);
-  h->head++;
-}
-
-}  // namespace
-
-sl_status ep_nccl_load(const char *op) {
-  pthread_mutex_lock(&api_mu);
-  const int st = load_locked();
-  pthread_mutex_unlock(&api_mu);
-  if (st > 0) return SL_STATUS_SUCCESS;
-  return sl_set_error(SL_STATUS_UNSUPPORTED, "ep %s: the NCCL transport is unavailable: %s", op,
-                      api_why);
-}
-
-sl_status ep_nccl_unique_id(unsigned char id[EP_NCCL_ID_BYTES]) {
-  sl_status st = ep_nccl_load("comm_export");
-  if (st) return st;
-  static_assert(sizeof(ncclUniqueId) == EP_NCCL_ID_BYTES, "ncclUniqueId size");
-  ncclUniqueId u;
-  ncclResult_t r = api.getUniqueId(&u);
-  if (r != ncclSuccess)
-    return sl_set_error(SL_STATUS_INTERNAL, "ep comm_export (NCCL): ncclGetUniqueId: %s",
-                        api.errStr(r));
-  memcpy(id, &u, EP_NCCL_ID_BYTES);
+  memcpy(blob, rk->id, EP_NCCL_ID_BYTES);
+  *bytes = EP_NCCL_ID_BYTES;
   return SL_STATUS_SUCCESS;
 }
 
-sl_status ep_nccl_init(int n, const int *ordinals, const int *ranks, const int *groups, int R,
-                       const unsigned char *ids, double timeout_s, ep_nccl **out) {
-  sl_status st = ep_nccl_load("comm_connect");
-  if (st) return st;
-  int prev = 0;
-  cudaGetDevice(&prev);
-  for (int i = 0; i < n; ++i) out[i] = NULL;
-  for (int i = 0; i < n; ++i) {
-    ep_nccl *h = (ep_nccl *)calloc(1, sizeof(ep_nccl));
-    if (!h) return sl_set_error(SL_STATUS_OUT_OF_MEMORY, "ep comm_connect: out of memory");
-    h->ordinal = ordinals[i];
-    h->rank = ranks[i];
-    h->group = groups[i];
-    h->R = R;
-    h->timeout_s = timeout_s;
-    pthread_mutex_init(&h->mu, NULL);
-    out[i] = h;
+/* Rank 0 of every group with a local rank, when it is remote: its id. */
+sl_status nccl_needs(sl_ep_comm *c, int group, int rank, int *needed) {
+  *needed = rank == 0 && is_remote_peer(state_of(c), group, rank);
+  return SL_STATUS_SUCCESS;
+}
+
+sl_status nccl_import(sl_ep_comm *c, int group, int rank, const void *blob, size_t bytes) {
+  State *st = state_of(c);
+  if (bytes != EP_NCCL_ID_BYTES)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep comm_import: an NCCL id has %d bytes, got %zu", EP_NCCL_ID_BYTES,
+                        bytes);
+  for (int r = 0; r < st->R; ++r) {
+    Rank *q = &st->ranks[group * st->R + r];
+    memcpy(q->id, blob, EP_NCCL_ID_BYTES);
+    q->have_id = 1;
   }
-  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = 0;
-  ncclResult_t r = api.groupStart();
+  return SL_STATUS_SUCCESS;
+}
+
+sl_status nccl_connect(sl_ep_comm *c) {
+  State *st = state_of(c);
+  if (st->connected) return SL_STATUS_SUCCESS;
+  const int n = st->G * st->R;
+  int *ord = (int *)calloc((size_t)n, sizeof(int)), *rks = (int *)calloc((size_t)n, sizeof(int)),
+      *grp = (int *)calloc((size_t)n, sizeof(int));
+  unsigned char *ids = (unsigned char *)calloc((size_t)n, EP_NCCL_ID_BYTES);
+  ep_nccl **hs = (ep_nccl **)calloc((size_t)n, sizeof(ep_nccl *));
+  int m = 0;
   sl_status result = SL_STATUS_SUCCESS;
+  if (!ord || !rks || !grp || !ids || !hs)
+    result = sl_set_error(SL_STATUS_OUT_OF_MEMORY, "ep comm_connect: out of memory");
   for (int i = 0; i < n && result == SL_STATUS_SUCCESS; ++i) {
-    ncclUniqueId u;
-    memcpy(&u, ids + (size_t)EP_NCCL_ID_BYTES * i, EP_NCCL_ID_BYTES);
-    cudaSetDevice(ordinals[i]);
-    r = api.initRankConfig(&out[i]->comm, R, u, ranks[i], &cfg);
-    if (r != ncclSuccess && r != ncclInProgress)
-      result = nccl_error(out[i], r, "comm_connect", "ncclCommInitRankConfig");
+    const Rank *rk = &st->ranks[i];
+    if (!rk->local) continue;
+    if (!rk->have_id) {
+      result = sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                            "ep comm_connect: group %d has no NCCL id yet (export it from the "
+                            "process of its rank 0 and import it here)",
+                            rk->group);
+      break;
+    }
+    ord[m] = rk->ordinal, rks[m] = rk->rank, grp[m] = rk->group;
+    memcpy(ids + (size_t)m * EP_NCCL_ID_BYTES, rk->id, EP_NCCL_ID_BYTES);
+    ++m;
   }
-  r = api.groupEnd();
-  if (result == SL_STATUS_SUCCESS && r != ncclSuccess && r != ncclInProgress)
-    result = nccl_error(out[0], r, "comm_connect", "ncclGroupEnd");
-  const double deadline = now_s() + timeout_s;
-  for (int i = 0; i < n && result == SL_STATUS_SUCCESS; ++i) {
-    r = wait_ready(out[i]->comm, deadline);
-    if (r == ncclInProgress)
-      result = sl_set_error(
-          SL_STATUS_TIMEOUT,
-          "ep comm_connect (NCCL): rank %d of group %d (device %d) waited %.3g s for the other "
-          "%d rank(s) of its group to create the communicator (did every process call "
-          "sluice.ep.setup with the same mesh?)",
-          ranks[i], groups[i], ordinals[i], timeout_s, R - 1);
-    else if (r != ncclSuccess)
-      result = nccl_error(out[i], r, "comm_connect", "creating the communicator");
-  }
-  /* Warm-up: one exchange with every peer, all local ranks in one group, so the connections exist
-   * before the first op (one thread may drive several ranks; the first op is not slower). */
-  const size_t W = (size_t)1 << 20;
-  char *wbuf[64] = {0};
-  cudaStream_t wst[64] = {0};
-  if (n > 64 && result == SL_STATUS_SUCCESS)
-    result = sl_set_error(SL_STATUS_UNSUPPORTED, "ep comm_connect: at most 64 local ranks");
-  for (int i = 0; i < n && result == SL_STATUS_SUCCESS; ++i) {
-    cudaSetDevice(ordinals[i]);
-    if (cudaMalloc(&wbuf[i], 2 * W * (size_t)R) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&wst[i], cudaStreamNonBlocking) != cudaSuccess)
-      result = sl_set_error(SL_STATUS_CUDA_ERROR, "ep comm_connect: warm-up buffers");
-  }
+  if (result == SL_STATUS_SUCCESS)
+    result = ep_nccl_init(m, ord, rks, grp, st->R, ids, st->timeout_s, hs);
   if (result == SL_STATUS_SUCCESS) {
-    r = api.groupStart();
-    for (int i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); ++i)
-      for (int p = 0; p < R && (r == ncclSuccess || r == ncclInProgress); ++p) {
-        if (p == ranks[i]) continue;
-        r = api.send(wbuf[i] + W * p, W, ncclInt8, p, out[i]->comm, wst[i]);
-        if (r == ncclSuccess || r == ncclInProgress)
-          r = api.recv(wbuf[i] + W * (R + p), W, ncclInt8, p, out[i]->comm, wst[i]);
-      }
-    ncclResult_t e = api.groupEnd();
-    if (r == ncclSuccess || r == ncclInProgress) r = e;
-    if (r != ncclSuccess && r != ncclInProgress)
-      result = nccl_error(out[0], r, "comm_connect", "warm-up exchange");
-    for (int i = 0; i < n && result == SL_STATUS_SUCCESS; ++i) {
-      r = wait_ready(out[i]->comm, deadline + timeout_s);
-      if (r != ncclSuccess)
-        result = sl_set_error(SL_STATUS_TIMEOUT,
-                              "ep comm_connect (NCCL): rank %d of group %d: the warm-up exchange "
-                              "with its peers did not start in %.3g s (%s)",
-                              ranks[i], groups[i], timeout_s,
-                              r == ncclInProgress ? "still in progress" : api.errStr(r));
-    }
-    for (int i = 0; i < n && result == SL_STATUS_SUCCESS; ++i) {
-      cudaSetDevice(ordinals[i]);
-      cudaError_t q;
-      const double dl = now_s() + timeout_s;
-      while ((q = cudaStreamQuery(wst[i])) == cudaErrorNotReady && now_s() < dl) usleep(200);
-      if (q != cudaSuccess)
-        result = sl_set_error(
-            SL_STATUS_TIMEOUT,
-            "ep comm_connect (NCCL): rank %d of group %d (device %d): the warm-up exchange with "
-            "its peers did not finish in %.3g s (%s)",
-            ranks[i], groups[i], ordinals[i], timeout_s,
-            q == cudaErrorNotReady ? "a peer never took part" : cudaGetErrorString(q));
-    }
+    m = 0;
+    for (int i = 0; i < n; ++i)
+      if (st->ranks[i].local) st->ranks[i].nccl = hs[m++];
+    st->connected = 1;
   }
-  for (int i = 0; i < n; ++i) {
-    cudaSetDevice(ordinals[i]);
-    if (result == SL_STATUS_SUCCESS || !out[i] || !out[i]->comm) {
-      if (wst[i]) cudaStreamDestroy(wst[i]);
-      if (wbuf[i]) cudaFree(wbuf[i]);
-    } /* else: the stream may still hold NCCL work that the abort below ends; leak the scratch */
-  }
-  cudaGetLastError();
-  for (int i = 0; i < n && result == SL_STATUS_SUCCESS; ++i) {
-    ep_nccl *h = out[i];
-    cudaSetDevice(h->ordinal);
-    for (int j = 0; j < kRing && result == SL_STATUS_SUCCESS; ++j)
-      if (cudaEventCreateWithFlags(&h->ring[j].ev, cudaEventDisableTiming) != cudaSuccess)
-        result = sl_set_error(SL_STATUS_CUDA_ERROR, "ep comm_connect: cudaEventCreate failed");
-    if (result == SL_STATUS_SUCCESS) {
-      if (pthread_create(&h->thread, NULL, watchdog, h) != 0)
-        result = sl_set_error(SL_STATUS_INTERNAL, "ep comm_connect: starting the watchdog failed");
-      else
-        h->thread_started = 1;
-    }
-  }
-  cudaSetDevice(prev);
-  if (result != SL_STATUS_SUCCESS) {
-    for (int i = 0; i < n; ++i) {
-      if (out[i] && out[i]->comm) {
-        api.abort(out[i]->comm);
-        out[i]->comm = NULL;
-      }
-      ep_nccl_destroy(out[i]);
-      out[i] = NULL;
-    }
-  }
+  free(ord), free(rks), free(grp), free(ids), free(hs);
   return result;
 }
 
-static sl_status begin_call(ep_nccl *h, const char *op) {
-  if (h->failed || !h->comm)
-    return sl_set_error(SL_STATUS_TIMEOUT, "%s",
-                        h->failed ? h->msg : "ep (NCCL): the communicator is closed");
+/* ---- the ops -------------------------------------------------------------------------------- */
+sl_status nccl_dispatch(State *st, Rank *rk, const sl_ep_desc *d, cudaStream_t s, const char *op,
+                        const void *x, const int32_t *topk_idx, const float *topk_w, void *recv_x,
+                        int32_t *recv_idx, float *recv_w, int32_t *num_recv, int32_t *counts,
+                        int32_t *send_row, int32_t *recv_src) {
+  const int R = st->R, me = rk->rank;
+  const int64_t T = d->num_tokens, k = d->topk, E = d->num_experts, L = E / R;
+  const int64_t rb = d->hidden * (int64_t)sl_dtype_size(d->dtype);
+  /* recv: [R][T rows], [R][T*k] idx, [R][T*k] w; layout: pos [R][T*R], cnt [R][R], hist [R][E] */
+  const Areas in = areas(R * T, rb, k, 0);
+  const int64_t pos_at = in.total, cnt_at = align16(pos_at + (int64_t)R * T * R * 4),
+                hist_at = align16(cnt_at + (int64_t)R * R * 4),
+                total = align16(hist_at + (int64_t)R * E * 4);
+  sl_status r = need_stage(st, total, op);
+  if (r) return r;
+  char *b = rk->stage;
+  const unsigned long long call = ++rk->seq;
+  ep_xfer sends[3 * kMaxRanks], recvs[3 * kMaxRanks];
+  int ns = 0, nr = 0;
+  for (int p = 0; p < R; ++p) {
+    if (p == me) continue;
+    sends[ns++] = {(void *)x, (size_t)(T * rb), p};
+    sends[ns++] = {(void *)topk_idx, (size_t)(T * k * 4), p};
+    sends[ns++] = {(void *)topk_w, (size_t)(T * k * 4), p};
+    recvs[nr++] = {b + in.rows + p * T * rb, (size_t)(T * rb), p};
+    recvs[nr++] = {b + in.idx + p * T * k * 4, (size_t)(T * k * 4), p};
+    recvs[nr++] = {b + in.w + p * T * k * 4, (size_t)(T * k * 4), p};
+  }
+  if ((r = ep_nccl_exchange(rk->nccl, s, sends, ns, recvs, nr, op, call))) return r;
+  LayoutMulti lm;
+  memset(&lm, 0, sizeof lm);
+  GatherArgs g;
+  memset(&g, 0, sizeof g);
+  for (int src = 0; src < R; ++src) {
+    LayoutArgs &la = lm.src[src];
+    la.idx = src == me ? topk_idx : (const int *)(b + in.idx + src * T * k * 4);
+    la.send_row = (int *)(b + pos_at) + (int64_t)src * T * R;
+    la.send_counts = (int *)(b + cnt_at) + src * R;
+    la.expert_hist = (int *)(b + hist_at) + (int64_t)src * E;
+    la.bad = src == me ? &rk->err_dev->bad_ids : nullptr;
+    la.T = (int)T, la.k = (int)k, la.E = (int)E, la.L = (int)L, la.R = R;
+    g.xs[src] = src == me ? (const char *)x : b + in.rows + src * T * rb;
+    g.idxs[src] = la.idx;
+    g.ws[src] = src == me ? topk_w : (const float *)(b + in.w + src * T * k * 4);
+  }
+  launch_layout_multi(lm, R, s);
+  g.pos = (const int *)(b + pos_at);
+  g.cnt = (const int *)(b + cnt_at);
+  g.hist = (const int *)(b + hist_at);
+  g.recv_x = (char *)recv_x, g.recv_idx = recv_idx, g.recv_src = recv_src;
+  g.num_recv = num_recv, g.counts = counts, g.send_row = send_row, g.recv_w = recv_w;
+  g.R = R, g.me = me, g.T = (int)T, g.k = (int)k, g.E = (int)E, g.L = (int)L;
+  g.row_bytes = rb, g.vec = vec_of(rb);
+  nccl_gather_kernel<<<rk->local_blocks, kThreads, 0, s>>>(g);
   return SL_STATUS_SUCCESS;
 }
 
-static sl_status end_group(ep_nccl *h, ncclResult_t r, const char *op, unsigned long long call) {
-  if (r == ncclInProgress) r = wait_ready(h->comm, now_s() + h->timeout_s);
-  if (r == ncclInProgress) {
-    fail_locked(h,
-                "ep %s (NCCL): rank %d of group %d (device %d): enqueuing call #%llu did not "
-                "finish in %.3g s; the communicator was aborted",
-                op, call, h->timeout_s);
-    return sl_set_error(SL_STATUS_TIMEOUT, "%s", h->msg);
+sl_status nccl_combine(State *st, Rank *rk, const sl_ep_desc *d, cudaStream_t s, const char *op,
+                       const void *y, const float *y_w, const int32_t *send_row, void *out,
+                       float *out_w) {
+  const int R = st->R, me = rk->rank;
+  const int64_t T = d->num_tokens, k = y_w ? d->topk : 0;
+  const int64_t rb = d->hidden * (int64_t)sl_dtype_size(d->dtype);
+  /* send: [R][T rows], [R][T*k] w; recv the same; then my counts [R] and everyone's [R][R] */
+  const int64_t snd = 0, snd_w = align16(snd + R * T * rb), rcv = align16(snd_w + R * T * k * 4),
+                rcv_w = align16(rcv + R * T * rb), mine_at = align16(rcv_w + R * T * k * 4),
+                all_at = align16(mine_at + R * 4), total = align16(all_at + R * R * 4);
+  sl_status r = need_stage(st, total, op);
+  if (r) return r;
+  char *b = rk->stage;
+  const unsigned long long call = ++rk->seq;
+  int *mine = (int *)(b + mine_at), *all = (int *)(b + all_at);
+  count_rows_kernel<<<1, kThreads, 0, s>>>(send_row, (int)T, R, mine);
+  if ((r = ep_nccl_allgather(rk->nccl, s, mine, all, (size_t)R * 4, op, call))) return r;
+  PackArgs pa;
+  memset(&pa, 0, sizeof pa);
+  pa.y = (const char *)y, pa.y_w = y_w, pa.cnt_all = all;
+  pa.send = b + snd, pa.send_w = (float *)(b + snd_w);
+  pa.R = R, pa.me = me, pa.T = (int)T, pa.k = (int)k, pa.row_bytes = rb, pa.vec = vec_of(rb);
+  pack_kernel<<<rk->local_blocks, kThreads, 0, s>>>(pa);
+  ep_xfer sends[2 * kMaxRanks], recvs[2 * kMaxRanks];
+  int ns = 0, nr = 0;
+  for (int p = 0; p < R; ++p) {
+    if (p == me) continue;
+    sends[ns++] = {b + snd + p * T * rb, (size_t)(T * rb), p};
+    recvs[nr++] = {b + rcv + p * T * rb, (size_t)(T * rb), p};
+    if (y_w) {
+      sends[ns++] = {b + snd_w + p * T * k * 4, (size_t)(T * k * 4), p};
+      recvs[nr++] = {b + rcv_w + p * T * k * 4, (size_t)(T * k * 4), p};
+    }
   }
-  if (r != ncclSuccess) {
-    sl_status st = nccl_error(h, r, op, "ncclGroupEnd");
-    snprintf(h->msg, sizeof h->msg, "%s", sl_last_error());
-    h->failed = 1;
-    return st;
+  if ((r = ep_nccl_exchange(rk->nccl, s, sends, ns, recvs, nr, op, call))) return r;
+  CombineArgs a;
+  memset(&a, 0, sizeof a);
+  a.c.rank = me, a.c.R = R;
+  a.y = (const char *)y, a.y_w = y_w, a.send_row = send_row, a.out = (char *)out, a.out_w = out_w;
+  a.T = (int)T, a.k = (int)k, a.H = (int)d->hidden, a.vec16 = rb % 16 == 0;
+  for (int p = 0; p < R; ++p) {
+    a.src[p] = p == me ? (const char *)y : b + rcv + p * T * rb;
+    a.src_w[p] = !y_w ? nullptr : p == me ? y_w : (const float *)(b + rcv_w + p * T * k * 4);
   }
+  a.cnt_all = all;
+  launch_combine(d->dtype, true, rk->local_blocks, s, a);
   return SL_STATUS_SUCCESS;
 }
 
-sl_status ep_nccl_exchange(ep_nccl *h, cudaStream_t stream, const ep_xfer *send, int nsend,
-                           const ep_xfer *recv, int nrecv, const char *op,
-                           unsigned long long call) {
-  pthread_mutex_lock(&h->mu);
-  sl_status st = begin_call(h, op);
-  if (st) {
-    pthread_mutex_unlock(&h->mu);
-    return st;
+sl_status nccl_redispatch(State *st, Rank *rk, const sl_ep_desc *d, cudaStream_t s, const char *op,
+                          const void *g, const int32_t *recv_src, void *out) {
+  const int R = st->R, me = rk->rank;
+  const int64_t T = d->num_tokens, rb = d->hidden * (int64_t)sl_dtype_size(d->dtype);
+  sl_status r = need_stage(st, R * T * rb, op);
+  if (r) return r;
+  char *b = rk->stage;
+  const unsigned long long call = ++rk->seq;
+  ep_xfer sends[kMaxRanks], recvs[kMaxRanks];
+  int ns = 0, nr = 0;
+  for (int p = 0; p < R; ++p) {
+    if (p == me) continue;
+    sends[ns++] = {(void *)g, (size_t)(T * rb), p};
+    recvs[nr++] = {b + p * T * rb, (size_t)(T * rb), p};
   }
-  ncclResult_t r = api.groupStart();
-  for (int i = 0; i < nsend && r == ncclSuccess; ++i)
-    if (send[i].bytes)
-      r = api.send(send[i].buf, send[i].bytes, ncclInt8, send[i].peer, h->comm, stream);
-  for (int i = 0; i < nrecv && (r == ncclSuccess || r == ncclInProgress); ++i)
-    if (recv[i].bytes)
-      r = api.recv(recv[i].buf, recv[i].bytes, ncclInt8, recv[i].peer, h->comm, stream);
-  ncclResult_t e = api.groupEnd();
-  if (r == ncclSuccess || r == ncclInProgress) r = e;
-  st = end_group(h, r, op, call);
-  if (st == SL_STATUS_SUCCESS) watch(h, stream, op, call);
-  pthread_mutex_unlock(&h->mu);
-  return st;
+  if ((r = ep_nccl_exchange(rk->nccl, s, sends, ns, recvs, nr, op, call))) return r;
+  RedispatchArgs a;
+  memset(&a, 0, sizeof a);
+  a.c.rank = me, a.c.R = R;
+  a.g = (const char *)g, a.recv_src = recv_src, a.out = (char *)out;
+  a.T = (int)T, a.row_bytes = rb, a.vec = vec_of(rb), a.mode = 2;
+  for (int p = 0; p < R; ++p) a.srcs[p] = p == me ? (const char *)g : b + p * T * rb;
+  launch_redispatch(rk->local_blocks, s, a);
+  return SL_STATUS_SUCCESS;
 }
 
-/* Point-to-point, not ncclAllGather: a collective's first call sets up its own connections, which
- * needs every rank inside NCCL at once; one thread driving several ranks in turn (the C API, a
- * single-threaded host) then waits on itself. The p2p connections were made at connect time. */
-sl_status ep_nccl_allgather(ep_nccl *h, cudaStream_t stream, const void *send, void *recv,
-                            size_t bytes, const char *op, unsigned long long call) {
-  ep_xfer sends[64], recvs[64];
-  int n = 0;
-  if (h->R > 64) return sl_set_error(SL_STATUS_UNSUPPORTED, "ep %s (NCCL): at most 64 ranks", op);
-  for (int p = 0; p < h->R; ++p) {
-    if (p == h->rank) continue;
-    sends[n] = {(void *)send, bytes, p};
-    recvs[n] = {(char *)recv + bytes * (size_t)p, bytes, p};
-    ++n;
-  }
-  cudaError_t e = cudaMemcpyAsync((char *)recv + bytes * (size_t)h->rank, send, bytes,
-                                  cudaMemcpyDeviceToDevice, stream);
-  if (e != cudaSuccess)
-    return sl_set_error(SL_STATUS_CUDA_ERROR, "ep %s (NCCL): cudaMemcpyAsync: %s", op,
-                        cudaGetErrorString(e));
-  return ep_nccl_exchange(h, stream, sends, n, recvs, n, op, call);
-}
+}  // namespace
+}  // namespace sluice_cuda
+using namespace sluice_cuda;
 
-int ep_nccl_failed(ep_nccl *h, char *msg, size_t len) {
-  if (!h) return 0;
-  pthread_mutex_lock(&h->mu);
-  const int f = h->failed;
-  if (f && msg) snprintf(msg, len, "%s", h->msg);
-  pthread_mutex_unlock(&h->mu);
-  return f;
-}
-
-void ep_nccl_destroy(ep_nccl *h) {
-  if (!h) return;
-  if (h->thread_started) {
-    pthread_mutex_lock(&h->mu);
-    h->stop = 1;
-    pthread_mutex_unlock(&h->mu);
-    pthread_join(h->thread, NULL);
-  }
-  int prev = 0;
-  cudaGetDevice(&prev);
-  cudaSetDevice(h->ordinal);
-  /* The caller has synchronized this device, so none of our NCCL work is queued any more; abort
-   * frees the communicator without waiting on the peers (which may have gone already). */
-  if (h->comm) api.abort(h->comm);
-  for (int j = 0; j < kRing; ++j)
-    if (h->ring[j].ev) cudaEventDestroy(h->ring[j].ev);
-  cudaSetDevice(prev);
-  pthread_mutex_destroy(&h->mu);
-  free(h);
-}
-
-#endif /* SLUICE_HAVE_NCCL */
+extern "C" const ep_transport ep_transport_nccl =
+    device_transport<nccl_dispatch, nccl_combine, nccl_redispatch>("NCCL", nccl_export, nccl_needs,
+                                                                   nccl_import, nccl_connect);

@@ -26,27 +26,15 @@ struct GmmArgs {
   const int32_t *group_offset; /* device int32 [1] or NULL */
   int *table;                  /* the group table in global memory (the workspace), or NULL: each
                                 * CTA builds it in shared memory (launchers: place_table) */
-  int *counter;                /* device int in the workspace (sm90 V_DYN's tile counter) or NULL */
+  int *counter;                /* device int in the workspace: the sm90 kernels' tile counter */
   int m, k, n;
   int num_groups, num_local_groups;
   sl_dtype in_dtype, out_dtype;
-  int transpose_rhs; /* gmm only */
-  int skip_unused = 0; /* gmm: leave the rows outside the local groups unwritten */
-  int index_order = 0; /* tgmm, dev A/B only: tiles in group order, not long groups first */
-  int tgmm_panels = 0; /* sm90 tgmm, dev A/B only: a group's tiles in panels of 16 row tiles (as
-                        * gmm's), as before session 61, instead of each column block's row tiles
-                        * one after another */
-  int table_in_ws = 0; /* dev A/B only: the group table in the workspace even where it would fit
-                        * in shared memory (place_table) */
+  int transpose_rhs;     /* gmm only */
+  int skip_unused = 0;   /* gmm: leave the rows outside the local groups unwritten */
   int store_per_box = 0; /* sm90: the staged output leaves in one TMA store per 64-row x 128-byte
-                          * box (as before session 22) instead of one per warpgroup's 64-row half;
-                          * set by the launcher where n is not a multiple of the box's columns, and
-                          * a dev A/B knob */
-  /* sm90 run-time-claim variants, A/B only (SLUICE_GMM_TILE_ORDER): 0 the op's own order (gmm: by
-   * a fixed stride but the last kClaimedWaves waves, claimed in turn; tgmm: every tile claimed in
-   * turn), 1 every tile claimed in turn (gmm's order before session 43), 2 every tile by a fixed
-   * stride (sm90_gmm.cu) */
-  int tile_order = 0;
+                          * box instead of one per warpgroup's 64-row half (set by the launcher
+                          * where n is not a multiple of the box's columns) */
 };
 
 /* Group table layout, in ints: [lo, hi, total_tiles, pad, start[GL], end[GL], tile_prefix[GL+1],
@@ -58,22 +46,21 @@ __host__ __device__ inline int table_ints(int num_local_groups) {
   return kTableHeader + 4 * num_local_groups + 1;
 }
 
-/* sm90 V_TM: a gmm group of s rows whose last row tile is partial with at most 64 rows, and that
- * has a full tile before it, takes its last 128 + s % 128 rows (129..192) as merged tiles, two
- * per 256-column block (128 output columns each, the rows as the wgmma's N); 0 if it does not.
- * (Merging 65..96 rows too, as 224-row tiles, measured no better: dev/NOTES.md, session 14.) */
+/* sm90 gmm's merged edge tiles (sm90_gmm_fwd.cu): a group of s rows whose last row tile is partial
+ * with at most 64 rows, and that has a full tile before it, takes its last 128 + s % 128 rows
+ * (129..192) as merged tiles, two per 256-column block (128 output columns each, the rows as the
+ * wgmma's N); 0 if it does not. (Merging 65..96 rows too, as 224-row tiles, measured no better.) */
 __host__ __device__ inline int merged_rows(long long s) {
   const int r = (int)(s % 128);
   return s > 128 && r > 0 && r <= 64 ? 128 + r : 0;
 }
-/* Units of work of a gmm group of s rows in V_TM: its full row tiles but the last one, then the
- * two merged tiles of each column block; other groups as ever. */
+/* Units of work of a gmm group of s rows with merged edge tiles: its full row tiles but the last
+ * one, then the two merged tiles of each column block; other groups as plain tiles. */
 __host__ __device__ inline long long merged_units(long long s, long long tiles_n) {
   return merged_rows(s) ? (s / 128 + 1) * tiles_n : (s + 127) / 128 * tiles_n;
 }
 
-/* How build_group_table counts a gmm group's units: tiles, or tiles with V_TM's merged edge (bm
- * 128). (1 was sm90 V_MD's pairs of tiles, removed in session 17.) */
+/* How build_group_table counts a gmm group's units: tiles, or tiles with merged edges (bm 128). */
 enum TableLayout { kTilesPlain = 0, kTilesMerged = 2 };
 
 #ifdef __CUDACC__
@@ -167,7 +154,7 @@ __device__ inline void build_group_table(const GmmArgs &a, int *tab, int bm, int
    * skewed sizes with 256 groups of ~512 rows). order[] puts the groups of more than twice the mean
    * rows first, longest first by size class (2 classes per power of two: sizes within 1.5x share
    * one), then all the others in index order: reordering groups of similar sizes measured ~1-2%
-   * slower on 256 groups (dev/NOTES.md, session 18), so they keep the order of their rows. Every
+   * slower on 256 groups, so they keep the order of their rows. Every
    * CTA that builds the table in its own shared memory must get the same order: a stable counting
    * sort (class counts, the classes' first positions by a block scan, then warp 0 places the
    * long groups 32 at a time in index order; skipped when there is none). */
@@ -176,8 +163,7 @@ __device__ inline void build_group_table(const GmmArgs &a, int *tab, int bm, int
     __shared__ int class_next[kClasses];
     int *order = tile_prefix + GL + 1;
     const long long local_rows = (long long)tab[1] - tab[0];
-    const unsigned long long limit =
-        a.index_order ? ~0ull : GL > 0 ? (unsigned long long)(2 * local_rows / GL) : 0;
+    const unsigned long long limit = GL > 0 ? (unsigned long long)(2 * local_rows / GL) : 0;
     auto size_class = [&](int j) { /* 0 up to the limit, else 1..61: longer, higher */
       const unsigned r = (unsigned)(end[j] - start[j]);
       if (r <= limit) return 0;
@@ -297,12 +283,15 @@ sl_status naive_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_
 sl_status place_table(const GmmArgs &a, GmmArgs *b, const void *kernel, size_t pipe_bytes, int bm,
                       int tiles_n, int tiles_per_group, int layout, cudaStream_t stream,
                       size_t *smem, const char *who);
-/* Returns SL_STATUS_UNSUPPORTED (without setting an error) when the case is not covered.
- * variant: -1 picks the fastest that applies; a sm90_gmm.cu Variant number forces one (tests,
- * dev harness). */
-sl_status sm90_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_t stream,
-                          int variant = -1);
-bool sm90_gmm_supports(const GmmArgs &a, bool tgmm);
+/* The sm90 kernels (sm90_gmm_fwd.cu, sm90_gmm_wgrad.cu), for the problems gmm_launch.cu's table
+ * gives them: SL_STATUS_UNSUPPORTED (no error set) where a tensor map cannot be encoded, and the
+ * caller runs the portable kernel. merged: gmm's merged edge tiles (N-major rhs, 16-bit output). */
+sl_status sm90_gmm_fwd_launch(const GmmArgs &a, bool merged, int num_sms, cudaStream_t stream);
+sl_status sm90_gmm_wgrad_launch(const GmmArgs &a, int num_sms, cudaStream_t stream);
+
+/* Tests only (tests/gpu/test_gmm.cu): caps the persistent kernels' grid of the public calls at
+ * `sms` SMs (0: every SM), so that small problems span many waves of tiles. Not thread-safe. */
+void gmm_set_grid_cap(int sms);
 
 } /* namespace sluice_cuda */
 

@@ -1,14 +1,10 @@
-/* The public CUDA grouped GEMM entry points (sluice.h): check the descriptor, pick a kernel by the
- * current device's compute capability, loop over the batch, and (SLUICE_DEBUG=1 only) check the
- * device-side sizes on the host after the kernels.
- *
- * Kernels: sm_90 gets the wgmma/TMA kernel (sm90_gmm.cu) for bf16/f16 operands whose rows are
- * 16-byte aligned; everything else runs the mma.sync kernel (sm80_gmm.cu), and f32 operands a
- * naive kernel. */
+/* The public CUDA grouped GEMM entry points (sluice.h): check the descriptor, pick a kernel from
+ * the table below (kRoutes: the device's compute capability, the dtypes, the op and the shape),
+ * loop over the batch, and (SLUICE_DEBUG=1 only) check the device-side sizes on the host after
+ * the kernels. */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "../core/internal.h"
 #include "gmm_common.cuh"
@@ -54,48 +50,91 @@ sl_status current_device(DeviceInfo *info, const char *op) {
   return SL_STATUS_SUCCESS;
 }
 
-/* SLUICE_GMM_VARIANT=<n> (gmm) and SLUICE_TGMM_VARIANT=<n> (tgmm) force sm90 kernel variant n
- * (sm90_gmm.cu's Variant) where it applies, so tests/gpu/run.sh and the benchmark can run the
- * public API over a candidate that is not the default yet. Read once; -1 (unset or not a number)
- * is the default choice. */
-int read_variant(const char *name) {
-  const char *e = getenv(name);
-  char *endp = nullptr;
-  const long x = e ? strtol(e, &endp, 10) : -1;
-  return (e && endp != e && *endp == 0 && x >= 0 && x < 100) ? (int)x : -1;
-}
-int forced_sm90_variant(bool tgmm) {
-  static int v[2] = {-3, -3}; /* not read yet; a racing first read stores the same value */
-  if (v[tgmm] == -3) v[tgmm] = read_variant(tgmm ? "SLUICE_TGMM_VARIANT" : "SLUICE_GMM_VARIANT");
-  return v[tgmm];
-}
-
-/* SLUICE_GMM_TILE_ORDER=<n>: the sm90 run-time-claim kernels' tile order for both ops
- * (GmmArgs::tile_order: 1 every tile claimed in turn, gmm's order before session 43; 2 every tile
- * by a fixed stride), so that the benchmark and the training step can compare orders through the
- * public API. Read once; unset or not 1-2: each op's own order (0: sm90_gmm.cu, kClaimedWaves and
- * kClaimAllK). */
-int forced_tile_order() {
-  static int v = -1; /* not read yet; a racing first read stores the same value */
-  if (v == -1) {
-    const char *e = getenv("SLUICE_GMM_TILE_ORDER");
-    v = (e && (e[0] == '1' || e[0] == '2') && !e[1]) ? e[0] - '0' : 0;
-  }
-  return v;
-}
-
-/* SLUICE_GMM_SMS=<n> caps the persistent kernels' grid at n SMs (1..the device's), leaving the
- * rest to work XLA runs beside them on another stream (sluice.ep's exchange with setup(stream=)).
- * Read once; unset: every SM. */
+/* gmm_set_grid_cap's cap (0: every SM). */
+int g_grid_cap = 0;
 int grid_sms(const DeviceInfo &dev) {
-  static int cap = -1; /* not read yet; a racing first read stores the same value */
-  if (cap == -1) {
-    const char *e = getenv("SLUICE_GMM_SMS");
-    char *endp = nullptr;
-    const long x = e ? strtol(e, &endp, 10) : 0;
-    cap = (e && endp != e && *endp == 0 && x >= 1 && x <= 4096) ? (int)x : 0;
+  return g_grid_cap > 0 && g_grid_cap < dev.sms ? g_grid_cap : dev.sms;
+}
+
+/* ---- Which kernel runs a problem ---------------------------------------------------------- */
+
+enum GmmKernel {
+  kNaive,          /* sm80_gmm.cu's naive_kernel: f32 operands */
+  kPortable,       /* sm80_gmm.cu: mma.sync from cp.async, any sm_80+ device */
+  kSm90GmmPlain,   /* sm90_gmm_fwd.cu: 128x256 tiles, either rhs layout */
+  kSm90GmmMerged,  /* sm90_gmm_fwd.cu: plain tiles, and each group's edge as merged tiles */
+  kSm90Tgmm,       /* sm90_gmm_wgrad.cu */
+};
+
+/* The sm90 kernels' operands: 16-bit inputs, no empty dimension, and TMA's rule that every row
+ * stride and base is a multiple of 16 bytes. */
+bool sm90_operands_ok(const GmmArgs &a, bool tgmm) {
+  if (a.in_dtype != SL_DTYPE_BF16 && a.in_dtype != SL_DTYPE_F16) return false;
+  if (a.k <= 0 || a.n <= 0 || a.m <= 0 || a.num_local_groups <= 0) return false;
+  if (((uintptr_t)a.lhs & 15) || ((uintptr_t)a.rhs & 15)) return false;
+  return a.k % 8 == 0 && (a.transpose_rhs && !tgmm ? true : a.n % 8 == 0);
+}
+/* Their epilogue stages the output in shared memory for TMA stores: every output row a multiple
+ * of 16 bytes, the output 16-byte aligned. */
+bool sm90_staged_store_ok(const GmmArgs &a) {
+  const bool half = a.out_dtype == SL_DTYPE_BF16 || a.out_dtype == SL_DTYPE_F16;
+  const bool f32 = a.out_dtype == SL_DTYPE_F32;
+  return ((half && a.n % 8 == 0) || (f32 && a.n % 4 == 0)) && ((uintptr_t)a.out & 15) == 0;
+}
+bool sm90_ok(const GmmArgs &a, bool tgmm, int major) {
+  return major == 9 && sm90_operands_ok(a, tgmm) && sm90_staged_store_ok(a);
+}
+/* gmm's merged edge tiles pay only over a long contraction: at K 1024 and 256 (256 groups of ~512
+ * rows) the plain tiles measured 1.00-1.08x of them. */
+constexpr int kMergeMinK = 2048;
+
+struct Route {
+  GmmKernel kernel;
+  bool (*applies)(const GmmArgs &a, bool tgmm, int major);
+  const char *why;
+};
+/* The first row that applies runs the problem. */
+const Route kRoutes[] = {
+    {kNaive, [](const GmmArgs &a, bool, int) { return a.in_dtype == SL_DTYPE_F32; },
+     "f32 operands: no tensor-core path, a plain f32 loop"},
+    {kSm90Tgmm,
+     [](const GmmArgs &a, bool tgmm, int major) {
+       return tgmm && sm90_ok(a, tgmm, major) && a.k % 64 == 0 && a.n % 64 == 0;
+     },
+     "sm_90 tgmm: TMA copies of 64-wide column blocks of lhs and rhs (K, N % 64)"},
+    {kSm90GmmMerged,
+     [](const GmmArgs &a, bool tgmm, int major) {
+       return !tgmm && sm90_ok(a, tgmm, major) && !a.transpose_rhs && a.n % 64 == 0 &&
+              a.out_dtype != SL_DTYPE_F32 && a.k >= kMergeMinK;
+     },
+     "sm_90 gmm, N-major rhs, 16-bit out, K >= 2048: merged edge tiles (+0.3..+1.9%)"},
+    {kSm90GmmPlain,
+     [](const GmmArgs &a, bool tgmm, int major) {
+       return !tgmm && sm90_ok(a, tgmm, major) && (a.transpose_rhs || a.n % 64 == 0);
+     },
+     "sm_90 gmm: an N-major rhs loads as one TMA copy of 64-wide column blocks (N % 64)"},
+    {kPortable, [](const GmmArgs &, bool, int) { return true; },
+     "everything else (sm_80+, ragged N or K, outputs TMA cannot store): mma.sync"},
+};
+
+GmmKernel route(const GmmArgs &a, bool tgmm, int major) {
+  for (const Route &r : kRoutes)
+    if (r.applies(a, tgmm, major)) return r.kernel;
+  return kPortable;
+}
+
+sl_status launch(const GmmArgs &a, bool tgmm, int major, int sms, cudaStream_t stream) {
+  sl_status st = SL_STATUS_UNSUPPORTED;
+  switch (route(a, tgmm, major)) {
+    case kNaive: return sluice_cuda::naive_gmm_launch(a, tgmm, sms, stream);
+    case kSm90Tgmm: st = sluice_cuda::sm90_gmm_wgrad_launch(a, sms, stream); break;
+    case kSm90GmmMerged: st = sluice_cuda::sm90_gmm_fwd_launch(a, true, sms, stream); break;
+    case kSm90GmmPlain: st = sluice_cuda::sm90_gmm_fwd_launch(a, false, sms, stream); break;
+    case kPortable: break;
   }
-  return cap > 0 && cap < dev.sms ? cap : dev.sms;
+  /* (an sm90 kernel whose tensor maps could not be encoded: the portable one) */
+  if (st == SL_STATUS_UNSUPPORTED) st = sluice_cuda::sm80_gmm_launch(a, tgmm, sms, stream);
+  return st;
 }
 
 constexpr size_t kCounterBytes = 16; /* the workspace's tail: GmmArgs::counter */
@@ -161,6 +200,11 @@ sl_status run(const char *op, bool tgmm, const sl_gmm_desc *d, const void *lhs, 
       (out == NULL && out_elems > 0) || (group_sizes == NULL && G > 0))
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "%s: a required pointer is NULL", op);
   if (out_elems == 0) return SL_STATUS_SUCCESS;
+  if (workspace == NULL)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "%s: workspace is NULL; pass sl_gmm_cuda_workspace_size() bytes of device "
+                        "memory (the group table and the tile counter)",
+                        op);
   if (tgmm && M == 0) {
     /* No rows: every local group is empty. */
     cudaError_t err = cudaMemsetAsync(
@@ -189,26 +233,14 @@ sl_status run(const char *op, bool tgmm, const sl_gmm_desc *d, const void *lhs, 
     a.group_offset = group_offset ? group_offset + b : NULL;
     /* the group table's place if it does not fit in shared memory (the launchers decide) */
     a.table = (int *)workspace;
-    /* after the table: the sm90 kernel's tile counter (zeroed by its launcher before each use) */
-    a.counter = workspace ? (int *)((char *)workspace + table_bytes(d)) : NULL;
+    /* after the table: the sm90 kernels' tile counter (zeroed by their launchers before each use) */
+    a.counter = (int *)((char *)workspace + table_bytes(d));
     a.m = (int)M, a.k = (int)K, a.n = (int)N;
     a.num_groups = (int)G, a.num_local_groups = (int)GL;
     a.in_dtype = d->lhs_dtype, a.out_dtype = d->out_dtype;
     a.transpose_rhs = tgmm ? 0 : (d->transpose_rhs != 0);
     a.skip_unused = tgmm ? 0 : (d->skip_unused_rows != 0);
-    a.tile_order = forced_tile_order();
-    if (a.in_dtype == SL_DTYPE_F32) {
-      st = sluice_cuda::naive_gmm_launch(a, tgmm, sms, stream);
-    } else {
-      st = SL_STATUS_UNSUPPORTED;
-      if (dev.major == 9 && sluice_cuda::sm90_gmm_supports(a, tgmm)) {
-        const int forced = forced_sm90_variant(tgmm);
-        st = sluice_cuda::sm90_gmm_launch(a, tgmm, sms, stream, forced);
-        if (st == SL_STATUS_UNSUPPORTED && forced >= 0)
-          st = sluice_cuda::sm90_gmm_launch(a, tgmm, sms, stream);
-      }
-      if (st == SL_STATUS_UNSUPPORTED) st = sluice_cuda::sm80_gmm_launch(a, tgmm, sms, stream);
-    }
+    st = launch(a, tgmm, dev.major, sms, stream);
     if (st != SL_STATUS_SUCCESS) return st;
   }
   if (sl_debug_enabled()) return debug_check(op, d, group_sizes, group_offset, stream);
@@ -216,6 +248,10 @@ sl_status run(const char *op, bool tgmm, const sl_gmm_desc *d, const void *lhs, 
 }
 
 } /* namespace */
+
+namespace sluice_cuda {
+void gmm_set_grid_cap(int sms) { g_grid_cap = sms > 0 ? sms : 0; }
+} /* namespace sluice_cuda */
 
 extern "C" {
 

@@ -358,7 +358,7 @@ sl_status place_table(const GmmArgs &a, GmmArgs *b, const void *kernel, size_t p
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: shared memory limits: %s", who,
                         cudaGetErrorString(err));
-  if (fa.sharedSizeBytes + pipe_bytes + table <= (size_t)limit && !(a.table_in_ws && a.table)) {
+  if (fa.sharedSizeBytes + pipe_bytes + table <= (size_t)limit) {
     b->table = nullptr; /* each CTA builds it in its shared memory */
     *smem = pipe_bytes + table;
     return SL_STATUS_SUCCESS;

@@ -1,9 +1,14 @@
-/* Hopper (sm_90a) building blocks for sm90_gmm.cu: mbarriers, TMA tile loads, wgmma descriptors and
- * the m64n256k16 wgmma itself. Device code here is only compiled for sm_90a. */
+/* Hopper (sm_90a) building blocks of the grouped GEMM kernels (sm90_gmm_pipeline.cuh): mbarriers,
+ * TMA loads and stores, wgmma descriptors, the wgmma instructions and the stmatrix staging of an
+ * accumulator for a TMA store. Device code here is only compiled for sm_90a. */
 #ifndef SLUICE_CUDA_SM90_GMM_CUH_
 #define SLUICE_CUDA_SM90_GMM_CUH_
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SLUICE_SM90A_DEVICE 1
@@ -27,13 +32,13 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-/* Bounded waits, for debugging a hang (off by default). Built with -DSLUICE_SM90_WAIT_LIMIT_NS=<ns>
- * (at most ~4.2 s; e.g. WAIT_LIMIT_NS=4000000000 tests/gpu/build.sh), a barrier still incomplete that
- * long after its first 256 failed polls traps, so a stuck pipeline shows as a failed launch instead
- * of a hang, and compute-sanitizer or cuda-gdb name the wait's source line (tests/gpu/test_wait_bound.cu
- * checks both directions). Off because it costs: -0.4..-0.5% gmm and tgmm against torch in the
- * benchmark, whether the clock is read after every failed poll or every 256th (three rounds, one
- * H200, 2026-11-24). The clock is the low 32 bits of %globaltimer (one register; differences are
+/* Bounded waits, a test build option for debugging a hang (off by default). Built with
+ * -DSLUICE_SM90_WAIT_LIMIT_NS=<ns> (at most ~4.2 s; e.g. WAIT_LIMIT_NS=4000000000 tests/gpu/build.sh),
+ * a barrier still incomplete that long after its first 256 failed polls traps, so a stuck pipeline
+ * shows as a failed launch instead of a hang, and compute-sanitizer or cuda-gdb name the wait's
+ * source line (tests/gpu/test_wait_bound.cu checks both directions). Off because it costs
+ * 0.4-0.5% of gmm and tgmm throughput, whether the clock is read after every failed poll or every
+ * 256th. The clock is the low 32 bits of %globaltimer (one register; differences are
  * right below 2^32 ns, hence the static_assert). No printf: a call in the kernel makes ptxas
  * serialize every wgmma (C7510) and ignore setmaxnreg (C7507). */
 #ifndef SLUICE_SM90_WAIT_LIMIT_NS
@@ -218,7 +223,7 @@ __device__ __forceinline__ void fence_operands(float (&d)[128]) {
 SL_WGMMA_FN(wgmma_m64n256k16_bf16, "m64n256k16", "bf16", 128)
 SL_WGMMA_FN(wgmma_m64n256k16_f16, "m64n256k16", "f16", 128)
 
-/* The narrower accumulators of sm90 V_TM's merged tiles (m64nNk16, N = 160, 192: N / 2
+/* The narrower accumulators of gmm's merged tiles (m64nNk16, N = 160, 192: N / 2
  * registers): the 128-register lists cut at 80 and 96. */
 #define SL_WGMMA_REGS_64_80 "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"
 #define SL_WGMMA_REGS_80_96 "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
@@ -240,6 +245,79 @@ SL_WGMMA_FN(wgmma_m64n160k16_bf16, "m64n160k16", "bf16", 80)
 SL_WGMMA_FN(wgmma_m64n160k16_f16, "m64n160k16", "f16", 80)
 SL_WGMMA_FN(wgmma_m64n192k16_bf16, "m64n192k16", "bf16", 96)
 SL_WGMMA_FN(wgmma_m64n192k16_f16, "m64n192k16", "f16", 96)
+
+/* D (f32) += A * B, m64n256k16 in the input type T. */
+template <typename T, int TA, int TB>
+__device__ __forceinline__ void wgmma_tile(float (&acc)[128], uint64_t da, uint64_t db,
+                                           int scale_d = 1) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value)
+    wgmma_m64n256k16_bf16<TA, TB>(acc, da, db, scale_d);
+  else
+    wgmma_m64n256k16_f16<TA, TB>(acc, da, db, scale_d);
+}
+
+/* The four 8x8 fragments of an stmatrix.x4 from column groups i, i+1 of an accumulator: matrix m
+ * is rows +8*(m%2) of group i + m/2, each register two adjacent columns as OT. */
+template <typename OT, int NREG>
+__device__ __forceinline__ void pack_x4(const float (&acc)[NREG], int i, uint32_t (&p)[4]) {
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const float lo = acc[4 * (i + (m >> 1)) + 2 * (m & 1)],
+                hi = acc[4 * (i + (m >> 1)) + 2 * (m & 1) + 1];
+    if constexpr (std::is_same<OT, __nv_bfloat16>::value) {
+      __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+      p[m] = *reinterpret_cast<uint32_t *>(&v);
+    } else {
+      __half2 v = __floats2half2_rn(lo, hi);
+      p[m] = *reinterpret_cast<uint32_t *>(&v);
+    }
+  }
+}
+
+/* One 64-row accumulator half (NREG/4 column groups of 8) into 128B-swizzled 64x64 boxes (box_bytes
+ * apart) at cbase, by stmatrix, the output type OT fixed: thread holds rows warp*16 + lane/4 (+8),
+ * columns 8i + 2*(lane%4) (+1); per pair of 8-column groups one stmatrix.x4 of the four 8x8
+ * matrices (rows 0-7 / 8-15 of the warp's 16) x (groups i, i+1); lane l gives the address of row
+ * l%8 of matrix l/8. */
+template <typename OT, int NREG, int BOX_BYTES>
+__device__ __forceinline__ void stage_half_stsm(const float (&acc)[NREG], uint32_t cbase, int warp,
+                                                int lane) {
+  const int q = lane >> 3;                            /* the matrix this lane addresses */
+  const int r = warp * 16 + (q & 1) * 8 + (lane & 7); /* its row in the 64-row half */
+  const uint32_t row_base = cbase + r * 128;
+#pragma unroll
+  for (int i = 0; i < NREG / 4; i += 2) {
+    const int c = i + (q >> 1); /* 8-column group (16-byte chunk) of this lane's matrix */
+    const uint32_t addr = row_base + (c >> 3) * BOX_BYTES + (((c & 7) ^ (r & 7)) << 4);
+    uint32_t p[4];
+    pack_x4<OT>(acc, i, p);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(p[0]), "r"(p[1]), "r"(p[2]), "r"(p[3])
+                 : "memory");
+  }
+}
+
+/* An f32 output's 8-column groups [C0, C1) of one 64-row accumulator half, staged for the TMA
+ * store from cbase on: boxes of 64 rows x 32 columns (128 bytes a row, BOX_BYTES), 128B-swizzled
+ * like the 16-bit ones (16-byte chunk c of row r at chunk c ^ (r % 8)). One 8-byte store per pair
+ * of columns: a warp's 32 stores cover two chunks of each of 8 rows, which the swizzle spreads
+ * over all 32 banks (two wavefronts for 256 bytes, the minimum). */
+template <int C0, int C1, int BOX_BYTES>
+__device__ __forceinline__ void stage_f32(const float (&acc)[128], uint32_t cbase, int warp,
+                                          int lane) {
+#pragma unroll
+  for (int i = C0; i < C1; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + (lane >> 2) + h * 8;
+      const int c = 8 * (i - C0) + 2 * (lane & 3); /* column from the pass's first */
+      const uint32_t addr = cbase + (c >> 5) * BOX_BYTES + r * 128 +
+                            ((((c & 31) >> 2) ^ (r & 7)) << 4) + (c & 3) * 4;
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(acc[4 * i + 2 * h]),
+                   "f"(acc[4 * i + 2 * h + 1])
+                   : "memory");
+    }
+}
 
 #endif /* SLUICE_SM90A_DEVICE */
 

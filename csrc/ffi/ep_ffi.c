@@ -61,8 +61,11 @@ static XLA_FFI_Error *float_dtype(ctx c, const XLA_FFI_Buffer *b, const char *wh
 
 enum { S32 = XLA_FFI_DataType_S32, F32 = XLA_FFI_DataType_F32 };
 
-/* Attributes of the exchange ops into a desc, plus the comm id. */
-static XLA_FFI_Error *exchange_attrs(ctx c, sl_ep_desc *d, int64_t *comm) {
+/* The exchange ops' prologue: the frame's counts, then the attributes into a desc, plus the comm
+ * id. */
+static XLA_FFI_Error *exchange_attrs(ctx c, int64_t nargs, int64_t nrets, sl_ep_desc *d,
+                                     int64_t *comm) {
+  TRY(sl_ffi_check_frame(c.f, c.op, nargs, nrets));
   *d = sl_ep_desc_default();
   TRY(sl_ffi_int_attr(c.f, c.op, "comm_id", comm));
   TRY(sl_ffi_int_attr(c.f, c.op, "num_ranks", &d->num_ranks));
@@ -85,6 +88,14 @@ static XLA_FFI_Error *where_of(ctx c, const XLA_FFI_Buffer *b, int *group, int *
   return NULL;
 }
 
+/* The [rows, H] float operand of an exchange op (x, y or g): its dtype and H into the desc. */
+static XLA_FFI_Error *float_rows(ctx c, const XLA_FFI_Buffer *b, const char *what, sl_ep_desc *d) {
+  if (b->rank != 2) return expect(c, b, what, 2, (int64_t[]){-1, -1}, -1);
+  TRY(float_dtype(c, b, what, &d->dtype));
+  d->hidden = b->dims[1];
+  return NULL;
+}
+
 static XLA_FFI_Error *stream_of(ctx c, void **stream) {
   XLA_FFI_Error *err = NULL;
   *stream = sl_ffi_stream(c.f, &err);
@@ -99,15 +110,12 @@ static XLA_FFI_Error *status(ctx c, sl_status st) {
 static XLA_FFI_Error *dispatch(XLA_FFI_CallFrame *f, int on_cuda) {
   if (sl_ffi_answer_metadata(f, 0)) return NULL;
   ctx c = {f, "dispatch"};
-  TRY(sl_ffi_check_frame(f, c.op, 4, 7));
   sl_ep_desc d;
   int64_t comm;
-  TRY(exchange_attrs(c, &d, &comm));
+  TRY(exchange_attrs(c, 4, 7, &d, &comm));
   const XLA_FFI_Buffer *x = sl_ffi_arg(f, 0), *idx = sl_ffi_arg(f, 1), *w = sl_ffi_arg(f, 2);
-  if (x->rank != 2) return expect(c, x, "x", 2, (int64_t[]){-1, -1}, -1);
-  TRY(float_dtype(c, x, "x", &d.dtype));
+  TRY(float_rows(c, x, "x", &d));
   d.num_tokens = x->dims[0];
-  d.hidden = x->dims[1];
   if (idx->rank != 2) return expect(c, idx, "topk_idx", 2, (int64_t[]){-1, -1}, S32);
   d.topk = idx->dims[1];
   const int64_t T = d.num_tokens, H = d.hidden, k = d.topk, R = d.num_ranks, N = T * R,
@@ -142,20 +150,17 @@ static XLA_FFI_Error *combine(XLA_FFI_CallFrame *f, int on_cuda) {
   if (sl_ffi_answer_metadata(f, 0)) return NULL;
   ctx c = {f, "combine"};
   const int with_w = f->args.size == 4;
-  TRY(sl_ffi_check_frame(f, c.op, with_w ? 4 : 3, with_w ? 2 : 1));
   sl_ep_desc d;
   int64_t comm;
-  TRY(exchange_attrs(c, &d, &comm));
+  TRY(exchange_attrs(c, with_w ? 4 : 3, with_w ? 2 : 1, &d, &comm));
   const XLA_FFI_Buffer *y = sl_ffi_arg(f, 0), *yw = with_w ? sl_ffi_arg(f, 1) : NULL,
                        *sr = sl_ffi_arg(f, with_w ? 2 : 1), *wh = sl_ffi_arg(f, with_w ? 3 : 2);
   XLA_FFI_Buffer *out = sl_ffi_ret(f, 0), *ow = with_w ? sl_ffi_ret(f, 1) : NULL;
   const int64_t R = d.num_ranks;
   if (sr->rank != 2) return expect(c, sr, "send_row", 2, (int64_t[]){-1, R}, S32);
   const int64_t T = sr->dims[0], N = T * R;
-  if (y->rank != 2) return expect(c, y, "y", 2, (int64_t[]){N, -1}, -1);
-  TRY(float_dtype(c, y, "y", &d.dtype));
+  TRY(float_rows(c, y, "y", &d));
   d.num_tokens = T;
-  d.hidden = y->dims[1];
   TRY(expect(c, sr, "send_row", 2, (int64_t[]){T, R}, S32));
   TRY(expect(c, y, "y", 2, (int64_t[]){N, d.hidden}, -1));
   TRY(expect(c, out, "out", 2, (int64_t[]){T, d.hidden}, y->dtype));
@@ -181,16 +186,13 @@ static XLA_FFI_Error *combine(XLA_FFI_CallFrame *f, int on_cuda) {
 static XLA_FFI_Error *redispatch(XLA_FFI_CallFrame *f, int on_cuda) {
   if (sl_ffi_answer_metadata(f, 0)) return NULL;
   ctx c = {f, "redispatch"};
-  TRY(sl_ffi_check_frame(f, c.op, 3, 1));
   sl_ep_desc d;
   int64_t comm;
-  TRY(exchange_attrs(c, &d, &comm));
+  TRY(exchange_attrs(c, 3, 1, &d, &comm));
   const XLA_FFI_Buffer *g = sl_ffi_arg(f, 0), *rs = sl_ffi_arg(f, 1), *wh = sl_ffi_arg(f, 2);
   XLA_FFI_Buffer *out = sl_ffi_ret(f, 0);
-  if (g->rank != 2) return expect(c, g, "g", 2, (int64_t[]){-1, -1}, -1);
-  TRY(float_dtype(c, g, "g", &d.dtype));
+  TRY(float_rows(c, g, "g", &d));
   d.num_tokens = g->dims[0];
-  d.hidden = g->dims[1];
   const int64_t N = d.num_tokens * d.num_ranks;
   TRY(expect(c, rs, "recv_src", 1, (int64_t[]){N}, S32));
   TRY(expect(c, out, "out", 2, (int64_t[]){N, d.hidden}, g->dtype));

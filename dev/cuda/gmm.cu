@@ -1,69 +1,29 @@
-/* Grouped GEMM harness: gmm (or tgmm, see tgmm.cu) over every kernel version, on the benchmark
- * shapes.
+/* Grouped GEMM harness: gmm (or tgmm, see tgmm.cu) on the benchmark shapes, through the real
+ * kernels (this file includes their sources).
  *
  * Build (tests/gpu/build.sh does this, into build-gpu/):
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
  *        -Iinclude -Icsrc/core dev/cuda/gmm.cu build-gpu/status.o build-gpu/gmm_cpu.o -lgomp -o gmm
- * Versions (the numbers of removed ones, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 21 and 22, are
- * not reused; dev/NOTES.md has them all):
+ * Versions:
  *   1  portable: mma.sync m16n8k16, 128x256x32 tiles, 3-stage cp.async, 8 warps (sm80_gmm.cu)
- *   2  Hopper: wgmma m64n256k16 from TMA, 4-stage mbarrier pipeline, 1 producer + 2 consumer
- *      warpgroups, persistent, wait_group 0 per k-block, epilogue from registers (sm90 V_BASE)
- *  13  3 stages, one k-block of wgmma kept in flight (wait_group 1), epilogue staged in swizzled
- *      smem by stmatrix and written by TMA stores overlapping the next tile, ragged-edge work
- *      skipped (gmm tiles with <= 64 group rows leave the second consumer warpgroup idle; tgmm's
- *      last contraction block issues only the k16 steps that hold group rows), and less work
- *      between tiles: the next tile decoded while the last k-block drains, scale_d = 0 instead of
- *      zeroed accumulators (V_AHS; the default of both ops since session 4; 12, the same without
- *      stmatrix, was removed)
- *  16  as 13 with tiles claimed at run time (an atomic counter) instead of a fixed stride, so the
- *      CTAs that share an operand stay together and read it from L2 (V_DYN)
- *  20  as 16, B (and tgmm's A) loaded with one TMA copy of a 3-d/4-d box per k-block instead of
- *      one per 64-column box (V_FB; needs N, and for tgmm K, multiples of 64, else it runs 16)
- *  25  as 20 with k-blocks of 32 rows (tgmm: contraction rows; gmm: K columns, A's 64-byte rows
- *      64B-swizzled) in 6 stages of 24 KB (V_K32, the tgmm default since session 10; gmm since
- *      session 13, not its default: a little faster in turn, slower alone; transpose_rhs runs 20)
- *  35  (gmm) as 20, with a group's last 128 + r rows (r = 1..64) as two transposed "merged" tiles
- *      per 256 columns (the rows as the wgmma's N: 160 or 192) instead of a full tile and an
- *      edge tile (V_TM; transpose_rhs and f32 outputs run 20, tgmm 25)
- *      (since session 22 a merged tile's rows come in one 192-row TMA copy: 36, V_TM1, which
- *      loaded them that way beside 35's 128-row and one or two 32-row copies, was folded in)
- *  40  not a kernel: the library's default with tgmm's tiles handed out in group index order, as
- *      before session 18, instead of long groups first (build_group_table's order)
- *  41  not a kernel: the library's default with its group table built in a workspace by the
- *      table kernel, as calls with more than 256 local groups did before session 19
- *  42  not a kernel: the library's default with its staged output stored box by box (8 TMA
- *      stores a 16-bit tile), as before session 22, instead of one store per warpgroup half
- *  43  not a kernel: the library's default with every tile by a fixed stride (CTA c: c, c + grid)
- *  48  not a kernel: the library's default with every tile claimed in turn, gmm's order before
- *      session 43 (since then gmm claims only its last two waves' tiles: kClaimedWaves); 44-47
- *      were session 43's order experiments (bench/results/tile-order-h100-20261127/)
- *  49  not a kernel (tgmm): the library's default with a group's tiles in gmm's panels of 16 row
- *      tiles, tgmm's order before session 61
- * (7, the ping-pong V_PP (session 2; 3-11% slower, removed in session 12, in the history at
- *  f265b23), 17-19, session 6's V_NS, V_HA, V_EW, 23-24, session 8's V_RS, V_RS4, and again 23-24,
- *  session 9's V_3W (commit 43419fc) and V_FC (6add3a9), and 26-29, session 10's V_LG2,
- *  V_LG3 (1874ec4), V_K16 and V_KS (0943536), and 34, session 13's V_TL, were measured and
- *  removed: dev/NOTES.md; so were 4 and 6, V_TMA_C and V_TMA_CS (13's predecessors), and 21-22,
- *  V_MD and V_MD4 (20 on 2-CTA clusters with TMA multicast), in session 17, in the history at
- *  16d7722.)
- * (tgmm, all sm90 versions: rows past a group's end are zeroed by the producer warpgroup's spare
- *  warps, off the consumers' path.)
+ *   2  what the library runs (gmm_launch.cu's table): on sm_90, wgmma m64n256k16 fed by TMA
+ *      through an mbarrier pipeline, 1 producer + 2 consumer warpgroups, persistent, tiles handed
+ *      out through a ring, epilogue staged for TMA stores (sm90_gmm_pipeline.cuh); gmm with
+ *      merged edge tiles at K >= 2048 (sm90_gmm_fwd.cu), tgmm in 32-row k-blocks with the
+ *      producer's spare warps zeroing rows past a group's end (sm90_gmm_wgrad.cu)
  *
- * Run: ./gmm [versions]   versions: "all", or a comma-separated list of versions to time (default
- * 35,20: 35 is the gmm default (tgmm's is 25), 20 the one before it; 1 and 2 are known slower,
- * dev/NOTES.md). HARNESS_OUT=f32 checks and times f32 outputs.
- * The timings interleave the versions, so they share one power state: a version that draws more
- * power per flop than another is not seen here; bench/clocks_gmm.py runs each alone (session 5).
- * Every version is checked for correctness whatever the list.
+ * Run: ./gmm [versions]   versions: a comma-separated list to time (default 2,1: "vs first"
+ * compares with 2). HARNESS_OUT=f32 checks and times f32 outputs.
+ * The timings interleave the versions, so they share one power state.
  *
  * First every version is checked against the CPU kernel (sl_gmm_cpu, f32 accumulation) on small
- * ragged problems (and transpose_rhs for gmm), then timed on the four shapes of BENCHMARKS.md with
- * three group-size patterns: "uniform" (M/G each, tile multiples), "ragged" (M/G +-6%, as a
- * multinomial draw gives) and "skewed" (Dirichlet(0.3) proportions). Each timed call of every
- * version takes its turn inside every repetition (CUDA events, median of 25 after warm-up), so
- * clock drift hits all versions alike. Napkin math: 2*M*K*N flops at ~790 TFLOP/s (the dense bf16
- * rate measured on H200); bytes (M*K + G*K*N + M*N)*2 at ~4.3 TB/s, far below: compute-bound.
+ * ragged problems (and transpose_rhs for gmm), then timed on the shapes of bench/ with four
+ * group-size patterns: "uniform" (M/G each, tile multiples), "ragged" (M/G +-6%, as a
+ * multinomial draw gives), "skewed" (Dirichlet(0.3) proportions) and "halves" (every group ends
+ * in a 64-row tile). Each timed call of every version takes its turn inside every repetition (CUDA
+ * events, median of 25 after warm-up), so clock drift hits all versions alike. Napkin math:
+ * 2*M*K*N flops at ~790 TFLOP/s (the dense bf16 rate measured on H200); bytes
+ * (M*K + G*K*N + M*N)*2 at ~4.3 TB/s, far below: compute-bound.
  */
 #include <algorithm>
 #include <random>
@@ -71,8 +31,27 @@
 
 #include "../../csrc/cuda/gmm_launch.cu"
 #include "../../csrc/cuda/sm80_gmm.cu"
-#include "../../csrc/cuda/sm90_gmm.cu"
-#include "../probe/probe.cuh" /* CK, fill_random */
+#include "../../csrc/cuda/sm90_gmm_fwd.cu"
+#include "../../csrc/cuda/sm90_gmm_wgrad.cu"
+
+#define CK(x)                                                                             \
+  do {                                                                                    \
+    cudaError_t e_ = (x);                                                                 \
+    if (e_ != cudaSuccess) {                                                              \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      exit(2);                                                                            \
+    }                                                                                     \
+  } while (0)
+
+/* Uniform bf16 values in [-1, 1) from a hash of the index. */
+__global__ void fill_random(__nv_bfloat16 *p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    uint32_t h = (uint32_t)i * 2654435761u ^ seed * 0x9e3779b9u;
+    h ^= h >> 16, h *= 0x85ebca6bu, h ^= h >> 13;
+    p[i] = __float2bfloat16((float)(h & 0xffffff) / 8388608.f - 1.f);
+  }
+}
 
 #ifndef HARNESS_TGMM
 #define HARNESS_TGMM 0
@@ -82,51 +61,14 @@ static const bool kTgmm = HARNESS_TGMM;
 /* HARNESS_OUT=f32: time (and check) f32 outputs instead of bf16 ones */
 static const bool kOutF32 = getenv("HARNESS_OUT") && !strcmp(getenv("HARNESS_OUT"), "f32");
 static const size_t kOutBytes = kOutF32 ? 4 : 2;
-static const int kVersions = 49;
-/* Not kernel variants: the default one with tgmm's tiles handed out in group order instead of
- * long groups first (session 18's A/B of that order; gmm: the default as it is), and the
- * default one with its group table built by the table kernel in a workspace, as every call with
- * more than 256 local groups did before session 19 (place_table). */
-static const int kIndexOrder = 40, kWsTable = 41, kStorePerBox = 42;
-/* the default in another tile order (GmmArgs::tile_order): every tile by the stride, or claimed */
-static const int kStride = 43, kClaimed = 48;
-/* tgmm: the default with a group's tiles in gmm's panels of 16 row tiles, as before session 61 */
-static const int kPanels = 49;
-/* versions that exist: 1 (portable) and the sm90 variants (version = variant + 2; the numbers of
- * removed ones are not reused) */
-static bool version_exists(int v) {
-  return v == 1 || v == kIndexOrder || v == kWsTable || v == kStorePerBox || v == kStride ||
-         v == kClaimed || v == kPanels || (v >= 2 && sluice_cuda::sm90::is_variant(v - 2));
-}
+static const int kVersions = 2;
+static int g_major = 0; /* the device's compute capability */
+
+static bool version_exists(int v) { return v == 1 || v == 2; }
 
 static sl_status run_version(int v, const sluice_cuda::GmmArgs &a, int sms) {
   if (v == 1) return sluice_cuda::sm80_gmm_launch(a, kTgmm, sms, 0);
-  if (v == kIndexOrder) { /* the library's default, tgmm tiles in group order */
-    sluice_cuda::GmmArgs b = a;
-    b.index_order = 1;
-    return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
-  }
-  if (v == kWsTable) { /* the library's default, its group table in the workspace (args_of's) */
-    sluice_cuda::GmmArgs b = a;
-    b.table_in_ws = 1;
-    return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
-  }
-  if (v == kStorePerBox) { /* the library's default, its output stored box by box */
-    sluice_cuda::GmmArgs b = a;
-    b.store_per_box = 1;
-    return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
-  }
-  if (v == kPanels) { /* the library's default, tgmm's tiles in panels */
-    sluice_cuda::GmmArgs b = a;
-    b.tgmm_panels = 1;
-    return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
-  }
-  if (v == kStride || v == kClaimed) { /* the library's default in another tile order */
-    sluice_cuda::GmmArgs b = a;
-    b.tile_order = v == kStride ? 2 : 1;
-    return sluice_cuda::sm90_gmm_launch(b, kTgmm, sms, 0, -1);
-  }
-  return sluice_cuda::sm90_gmm_launch(a, kTgmm, sms, 0, v - 2);
+  return launch(a, kTgmm, g_major, sms, 0); /* gmm_launch.cu's table */
 }
 
 static uint16_t bf16_bits(float f) {
@@ -193,7 +135,7 @@ static sluice_cuda::GmmArgs args_of(const Problem &p, int transpose = 0) {
     table_bytes = need;
   }
   a.table = table;
-  static int *counter = nullptr; /* V_DYN's tile counter (the library keeps it in the workspace) */
+  static int *counter = nullptr; /* the sm90 tile counter (the library keeps it in the workspace) */
   if (counter == nullptr) CK(cudaMalloc(&counter, sizeof(int)));
   a.counter = counter;
   a.m = p.m, a.k = p.k, a.n = p.n, a.num_groups = p.g, a.num_local_groups = p.g;
@@ -206,45 +148,9 @@ static void free_problem(Problem &p) {
   cudaFree(p.lhs), cudaFree(p.rhs), cudaFree(p.out), cudaFree(p.d_sizes);
 }
 
-#ifdef SLUICE_SM90_TRACE
-/* One more launch of sm90 version v with the kernel's cycle counters on (dev build only): where
- * the first consumer warpgroup, the producer and the fixers spend their cycles, per tile and per
- * k-block, averaged over the CTAs. */
-static void print_trace(int v, const sluice_cuda::GmmArgs &a, int sms) {
-  using namespace sluice_cuda::sm90;
-  static unsigned long long h[1024][TR_N];
-  memset(h, 0, sizeof h);
-  CK(cudaMemcpyToSymbol(g_sm90_trace, h, sizeof h));
-  run_version(v, a, sms);
-  CK(cudaDeviceSynchronize());
-  CK(cudaMemcpyFromSymbol(h, g_sm90_trace, sizeof h));
-  double sum[TR_N] = {0};
-  for (int c = 0; c < sms; ++c)
-    for (int i = 0; i < TR_N; ++i) sum[i] += (double)h[c][i];
-  const double tiles = sum[TR_TILES], blocks = sum[TR_BLOCKS];
-  if (tiles == 0) return;
-  const double acct = sum[TR_HEAD] + sum[TR_FULL0] + sum[TR_FULL] + sum[TR_WAIT1] +
-                      sum[TR_WAIT0] + sum[TR_EPI];
-  printf("  trace v%d: %.1f blocks/tile; cycles per tile: consumer %.0f = head %.0f + first-full "
-         "%.0f + full %.0f + wait1 %.0f + wait0 %.0f + epilogue %.0f + other %.0f; per block "
-         "%.0f\n",
-         v, blocks / tiles, sum[TR_CONS] / tiles, sum[TR_HEAD] / tiles, sum[TR_FULL0] / tiles,
-         sum[TR_FULL] / tiles, sum[TR_WAIT1] / tiles, sum[TR_WAIT0] / tiles, sum[TR_EPI] / tiles,
-         (sum[TR_CONS] - acct) / tiles, sum[TR_CONS] / blocks);
-  printf("  trace v%d: producer per tile %.0f, empty-wait %.0f (first block %.0f), copies issued "
-         "%.0f; fixers wait %.0f, work %.0f per tile\n",
-         v, sum[TR_PROD] / tiles, sum[TR_P_EMPTY] / tiles, sum[TR_P_EMPTY0] / tiles,
-         sum[TR_P_ISSUE] / tiles, sum[TR_FIX_WAIT] / tiles, sum[TR_FIX_WORK] / tiles);
-  printf("  trace v%d: epilogue per tile: store-read wait %.0f, barriers %.0f, staging %.0f, "
-         "fence %.0f\n",
-         v, sum[TR_EPI_READ] / tiles, sum[TR_EPI_BAR] / tiles, sum[TR_EPI_STAGE] / tiles,
-         sum[TR_EPI_FENCE] / tiles);
-}
-#endif
-
 /* Group sizes summing to m: "uniform" m/g each; "ragged" m/g +-6%; "skewed" Dirichlet(0.3);
- * "halves" m/g + 64 and m/g - 64 in turn, so every group ends in a tile of 64 rows (the case the
- * gmm skips are for: half a tile of work). */
+ * "halves" m/g + 64 and m/g - 64 in turn, so every group ends in a tile of 64 rows (half a tile
+ * of work: gmm's second consumer warpgroup idle, or its merged tiles). */
 static std::vector<int> sizes_for(const char *mode, int m, int g) {
   std::vector<int> s(g, m / g);
   std::mt19937 rng(11);
@@ -270,10 +176,8 @@ static std::vector<int> sizes_for(const char *mode, int m, int g) {
 int main(int argc, char **argv) {
   bool want[kVersions + 1] = {false};
   std::vector<int> listed; /* in the order given: the first is what "vs first" compares with */
-  if (argc > 1 && !strcmp(argv[1], "all")) {
-    for (int v = 1; v <= kVersions; ++v) want[v] = true, listed.push_back(v);
-  } else {
-    const char *list = argc > 1 ? argv[1] : kTgmm ? "25,20" : "35,20";
+  {
+    const char *list = argc > 1 ? argv[1] : "2,1";
     for (const char *c = list; *c;) {
       const int v = atoi(c);
       if (v >= 1 && v <= kVersions && !want[v]) want[v] = true, listed.push_back(v);
@@ -292,6 +196,7 @@ int main(int argc, char **argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
+  g_major = prop.major;
   printf("%s on %s (%d SMs), %s output\n", kTgmm ? "tgmm" : "gmm", prop.name, sms,
          kOutF32 ? "f32" : "bf16");
 
@@ -300,14 +205,12 @@ int main(int argc, char **argv) {
    * that are not tile multiples; every version */
   int wrong = 0;
   bool bad[kVersions + 1] = {false};
-  /* two problems: K and N off every tile size, then multiples of 64 (the shapes V_FB needs) */
+  /* two problems: K and N off every tile size, then multiples of 64 (what the sm90 kernels need) */
   for (int pr = 0; pr < 2 * (kTgmm ? 1 : 2) && !getenv("HARNESS_NOCHECK"); ++pr) {
     const int tr = kTgmm ? 0 : pr % 2, aligned = kTgmm ? pr : pr / 2;
-    /* (V_TM merges the last 128 + r rows of 300, 517, 129: 172, 133 and 129 rows; none of 200) */
+    /* (gmm's merged tiles, at K >= 2048, would take the last 128 + r rows of 300, 517, 129) */
     std::vector<int> sizes = {300, 0, 1, 517, 129, 0, 48, 200};
-    /* K = 264: 3 row blocks of out[j] in tgmm (an odd count: written for the 2-CTA cluster
-     * variants, since removed, whose pairs then had a dummy second tile) */
-    /* aligned K = 384: an even number of k-blocks, 3 row blocks of out[j] as with 264 */
+    /* K = 264: 3 row blocks of out[j] in tgmm; aligned K = 384: an even number of k-blocks */
     const int G = (int)sizes.size(), M = 1200, K = aligned ? 384 : 264, N = aligned ? 576 : 520;
     Problem p = make_problem(M, G, K, N, sizes, true);
     const size_t out_n = kTgmm ? (size_t)G * K * N : (size_t)M * N;
@@ -367,16 +270,15 @@ int main(int argc, char **argv) {
                           /* the dsv3-proxy MoE layer's expert matmuls (bench/shapes.py) */
                           {"dsv3proxy-gateup", 131072, 256, 1024, 512, true},
                           {"dsv3proxy-down", 131072, 256, 256, 1024, true},
-                          /* the same with 512 experts (more than 256: see version 41) */
+                          /* the same with 512 experts */
                           {"fine512-gateup", 131072, 512, 1024, 512, true},
                           {"fine512-down", 131072, 512, 256, 1024, true},
-                          /* qwen3's neighbours: wider N, shorter K, fewer and larger groups
-                           * (session 43's tile-order A/B) */
+                          /* qwen3's neighbours: wider N, shorter K, fewer and larger groups */
                           {"qwen3-n3072", 65536, 128, 2048, 3072, true},
                           {"qwen3-k1024", 65536, 128, 1024, 1536, true},
                           {"g32-n1536", 32768, 32, 2048, 1536, true},
                           /* dsv3-gateup's K and N with 256-4096 rows a group: tgmm's tile length
-                           * (its contraction) swept at a fixed tile count (session 61) */
+                           * (its contraction) swept at a fixed tile count */
                           {"rows256-gateup", 8192, 32, 7168, 4096, true},
                           {"rows512-gateup", 16384, 32, 7168, 4096, true},
                           {"rows2048-gateup", 65536, 32, 7168, 4096, true},
@@ -427,10 +329,6 @@ int main(int argc, char **argv) {
         printf("%-16s %-8s %7d %9.3f %8.1f %8.3fx\n", sh.name, mode, versions[i], med,
                flops / med / 1e9, first / med);
       }
-#ifdef SLUICE_SM90_TRACE
-      for (int v : versions)
-        if (v >= 2) print_trace(v, args_of(p), sms);
-#endif
       free_problem(p);
     }
   }

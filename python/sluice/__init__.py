@@ -4,12 +4,16 @@ sluice.gmm / sluice.tgmm    grouped GEMM (ragged rows / ragged contraction), dif
 sluice.gmm_reference ...    pure-jnp references of the same ops
 sluice.swiglu               an expert block's SwiGLU activation over its groups' rows only
 sluice.ep                   expert-parallel dispatch / combine and the local fan-out / fan-in
+
+The package's folders: ops/ (the library, its FFI targets and one differentiable function per op),
+nn/ (the MoE layer and the decoder LM, built from the ops), training/ (the corpus, the optimizer and
+the training step) and cli/ (the sluice-* commands).
 """
 
-from . import ep
-from ._lib import has_cuda
-from .gmm import gmm, gmm_reference, tgmm, tgmm_reference
-from .swiglu import swiglu, swiglu_reference
+from .ops import ep
+from .ops._lib import has_cuda
+from .ops.gmm import gmm, gmm_reference, tgmm, tgmm_reference
+from .ops.swiglu import swiglu, swiglu_reference
 
 __version__ = "0.1.0"
 

@@ -257,7 +257,7 @@ def check_peer_never_arrives():
 def main():
     log(f"devices {jax.devices()} local {jax.local_devices()} transport {ARGS.transport}")
     ep.setup(MESH, "ep", timeout_s=20.0, num_sms=8, transport=ARGS.transport)
-    comm = ep._COMMS["ep"][-1]
+    comm = ep.communicator(MESH, "ep")
     log(
         f"communicator {comm.comm_id}: transport {comm.transport}, multi_process {comm.multi_process}"
     )

@@ -2,13 +2,10 @@
 # One command for the GPU test suite on a GPU machine: build (tests/gpu/build.sh), then
 #   1. every case plain (public API and the portable kernel, against a float64 reference)
 #   2. compute-sanitizer memcheck, racecheck, synccheck and initcheck on a covering subset (--quick);
-#      then step 1 and memcheck again on 3 SMs (SLUICE_GMM_SMS=3: many waves of tiles), and step 1
-#      on 3 SMs in the two other tile orders (SLUICE_GMM_TILE_ORDER=1, 2)
+#      then step 1 and memcheck again on 3 SMs (--sms 3: many waves of tiles)
 #   3. SLUICE_DEBUG=1: bad device sizes must come back as SL_STATUS_INVALID_VALUE
 #   4. test_wait_bound: an mbarrier wait that never completes ends the launch instead of hanging it
 # BUILD=dir picks the build folder (default build-gpu); SKIP_BUILD=1 reuses what is there.
-# VARIANTS="18 23" also runs steps 1 and 2 with SLUICE_{GMM,TGMM}_VARIANT=<v> (an sm90 kernel variant that is
-# not the default, sm90_gmm.cu's Variant), so a candidate passes the suite before it becomes one.
 # Logs go to $LOGS (default $BUILD/logs). Exit status: number of failed steps.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,17 +30,9 @@ step racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$BUILD/tes
 step synccheck compute-sanitizer --tool synccheck --error-exitcode 3 "$BUILD/test_gmm" --quick
 step initcheck compute-sanitizer --tool initcheck --error-exitcode 3 "$BUILD/test_gmm" --quick
 # on 3 SMs every case spans many waves: gmm's stride-ordered tiles and its claimed last waves
-step fewsms env SLUICE_GMM_SMS=3 "$BUILD/test_gmm"
-step memcheck-fewsms env SLUICE_GMM_SMS=3 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_gmm" --quick
-# the other tile orders (SLUICE_GMM_TILE_ORDER: 1 every tile claimed, 2 every tile by stride), both ops
-step order1 env SLUICE_GMM_SMS=3 SLUICE_GMM_TILE_ORDER=1 "$BUILD/test_gmm"
-step order2 env SLUICE_GMM_SMS=3 SLUICE_GMM_TILE_ORDER=2 "$BUILD/test_gmm"
+step fewsms "$BUILD/test_gmm" --sms 3
+step memcheck-fewsms compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_gmm" --quick --sms 3
 step debug env SLUICE_DEBUG=1 "$BUILD/test_gmm" --debug
 step waitbound "$BUILD/test_wait_bound"
-for v in ${VARIANTS:-}; do
-  step plain-v$v env SLUICE_GMM_VARIANT=$v SLUICE_TGMM_VARIANT=$v "$BUILD/test_gmm"
-  step memcheck-v$v env SLUICE_GMM_VARIANT=$v SLUICE_TGMM_VARIANT=$v compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_gmm" --quick
-  step racecheck-v$v env SLUICE_GMM_VARIANT=$v SLUICE_TGMM_VARIANT=$v compute-sanitizer --tool racecheck --error-exitcode 3 "$BUILD/test_gmm" --quick
-done
 grep -h "^FAIL" "$LOGS"/plain*.log | head -20
 exit $fails

@@ -1,8 +1,15 @@
 /* GPU tests of sl_gmm_cuda / sl_tgmm_cuda against a float64 CPU reference.
  *
- *   tests/gpu/run.sh            builds this and runs it plain, under compute-sanitizer memcheck and
- *                               racecheck, and with SLUICE_DEBUG=1.
- *   ./test_gmm [--quick] [--debug]
+ *   tests/gpu/run.sh            builds this and runs it plain, under compute-sanitizer, on 3 SMs
+ *                               and with SLUICE_DEBUG=1.
+ *   ./test_gmm [--quick] [--debug] [--sms N]
+ *
+ * --sms N caps the kernels' grid at N SMs (gmm_set_grid_cap, an internal hook), so that every
+ * case spans many waves of tiles: gmm's strided tiles and its claimed last waves, tgmm's claims.
+ * The cases cover each kernel of gmm_launch.cu's table on sm_90 (gmm plain with either rhs
+ * layout, gmm merged at K >= 2048, tgmm) and each problem it sends to the portable kernel
+ * (N % 64 != 0, tgmm K % 64 != 0, outputs the staged TMA store cannot take, K or N not a multiple
+ * of 8).
  *
  * Every case draws fresh random inputs, poisons the output with 0xFF bytes (NaN in every float
  * type) so unwritten elements fail, and checks ||out - ref|| / ||ref|| (< 1e-2 for 16-bit outputs,
@@ -273,6 +280,7 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--quick")) quick = true;
     if (!strcmp(argv[i], "--debug")) debug = true;
+    if (!strcmp(argv[i], "--sms") && i + 1 < argc) sluice_cuda::gmm_set_grid_cap(atoi(argv[++i]));
   }
   cudaDeviceProp prop;
   CUDA_OK(cudaGetDeviceProperties(&prop, 0));
@@ -342,11 +350,11 @@ int main(int argc, char **argv) {
       s.skip = 1;
       cases.push_back(s);
     }
-    /* N a multiple of 64 (the fused-box variants) with K off every k-block size: gmm's last
-     * k-block is partly past K (8 of V_K32's 32 columns) */
+    /* N a multiple of 64 (sm90 gmm) with K off every k-block size: gmm's last k-block is partly
+     * past K (tgmm: K % 64 != 0, the portable kernel) */
     cases.push_back(make(nm("K % 32 = 8, N % 64 = 0"), tg, 600, 200, 320, random_sizes(4, 600)));
-    /* groups that end on a multiple of 16 rows: tgmm's last block then needs no zeroing and
-     * issues 1-3 k16 steps (sm90 variants with the ragged-edge skips) */
+    /* groups that end on a multiple of 16 rows: sm90 tgmm's last block then needs no zeroing and
+     * issues 1 k16 step */
     cases.push_back(make(nm("16-row group ends"), tg, 400, 136, 264, {48, 96, 16, 200, 32}));
     cases.push_back(make(nm("G=256 random"), tg, 3000, 128, 136, random_sizes(256, 2900)));
     {
@@ -372,14 +380,13 @@ int main(int argc, char **argv) {
       for (int g = 11; g < 9000; g += 997) tot += (big[g] += 200 + g / 50);
       cases.push_back(make(nm("G_local=9000 long groups (workspace table)"), tg, tot, 64, 64, big));
     }
-    /* sm90 V_TM's merged edges: last 128 + r rows of 129..192 (wgmma N 160, 192), one group
+    /* sm90 gmm's merged edges: last 128 + r rows of 129..192 (wgmma N 160, 192), one group
      * with full row tiles before them (552), one whose edge of 96 rows is not merged (224), the
      * second column block's second half past N = 320, K off the k-block size, and the last
-     * group ending at M (at K 264 gmm's default is V_FB: V_TM runs here when forced,
-     * tests/gpu/run.sh VARIANTS=33) */
+     * group ending at M; at K 264 the plain kernel runs these sizes */
     cases.push_back(make(nm("merged edge rows"), tg, 1554, 264, 320,
                          {129, 160, 161, 192, 0, 224, 552, 136}));
-    /* the same at K >= 2048, where V_TM is gmm's default (shorter K runs V_FB unless forced) */
+    /* the same at K >= 2048, where the merged kernel runs them */
     cases.push_back(
         make(nm("merged edge rows, K 2056"), tg, 760, 2056, 320, {129, 0, 160, 192, 219}));
     cases.push_back(
@@ -405,6 +412,12 @@ int main(int argc, char **argv) {
                      {300, 0, 1, 517, 129, 0, 48});
       c2.out = SL_DTYPE_F32;
       cases.push_back(c2);
+    }
+    {
+      /* an f32 output on the sm90 kernels at K >= 2048 (gmm: the plain kernel, not the merged) */
+      Case c = make(nm("bf16 in, f32 out, K 2048"), tg, 700, 2048, 256, {129, 0, 300, 200});
+      c.out = SL_DTYPE_F32;
+      cases.push_back(c);
     }
     {
       Case c = make(nm("bf16 in, f16 out"), tg, 500, 128, 256, random_sizes(3, 480));
@@ -435,14 +448,18 @@ int main(int argc, char **argv) {
       c2.transpose = 1;
       cases.push_back(c2);
       /* an even number of 64-wide k-blocks, N % 64 == 0 and a K-major B, with edge tiles of
-       * <= 64 group rows (written for session 10's V_KS, since removed; kept as
-       * coverage of transpose_rhs on the shapes the default sm90 kernel takes) */
+       * <= 64 group rows */
       Case ce = make("gmm transpose_rhs even k-blocks", false, 1000, 256, 384, {300, 1, 0, 517, 172});
       ce.transpose = 1;
       cases.push_back(ce);
       Case cf = make("gmm transpose_rhs f32 out", false, 1000, 264, 384, random_sizes(5, 990));
       cf.transpose = 1, cf.out = SL_DTYPE_F32;
       cases.push_back(cf);
+      /* an f32 output whose rows are not a multiple of 16 bytes: the portable kernel */
+      Case cg = make("gmm transpose_rhs f32 out, N % 4 = 2", false, 600, 136, 302,
+                     random_sizes(5, 600));
+      cg.transpose = 1, cg.out = SL_DTYPE_F32;
+      cases.push_back(cg);
       Case c3 =
           make("gmm transpose_rhs K odd (slow path)", false, 200, 99, 130, random_sizes(3, 200));
       c3.transpose = 1;
@@ -450,8 +467,7 @@ int main(int argc, char **argv) {
     }
     if (!quick) {
       cases.push_back(make(nm("larger skew"), tg, 4096, 512, 768, {3000, 0, 10, 1, 1085}));
-      /* more tiles than SMs: every CTA claims several (written for session 13's V_TL, since
-       * removed, whose last wave came in 128-column halves) */
+      /* more tiles than SMs: every CTA takes several */
       cases.push_back(make(nm("more tiles than SMs"), tg, 8192, 128, 1024, random_sizes(8, 8100)));
       std::vector<int> sz(16);
       for (int g = 0; g < 16; ++g) sz[g] = (g % 3 == 0) ? 0 : 97 * g;
@@ -480,13 +496,10 @@ int main(int argc, char **argv) {
   for (const Case &c : cases) {
     run_case(c, PATH_API, ws, 1 << 20);
     if (c.in != SL_DTYPE_F32) run_case(c, PATH_SM80, ws, 1 << 20);
-    /* no workspace: small tables are built in shared memory, and sm90 hands out tiles by a fixed
-     * stride instead of the workspace's counter */
-    if (c.name.find("odd edges") != std::string::npos) run_case(c, PATH_API, nullptr, 0);
   }
-  { /* a table too large for shared memory and no workspace: a clear error, no launch */
+  for (int groups : {3, 9000}) { /* no workspace: a clear error, no launch */
     sl_gmm_desc d = sl_gmm_desc_default();
-    d.m = 64, d.k = 64, d.n = 64, d.num_groups = d.num_local_groups = 9000;
+    d.m = 64, d.k = 64, d.n = 64, d.num_groups = d.num_local_groups = groups;
     d.lhs_dtype = d.rhs_dtype = d.out_dtype = SL_DTYPE_BF16;
     /* x, y: [64, 64] (gmm's lhs and out, tgmm's lhs and rhs); w: [9000, 64, 64] (gmm's rhs,
      * tgmm's out) */
@@ -501,8 +514,8 @@ int main(int argc, char **argv) {
       sl_status st = tg ? sl_tgmm_cuda(&d, x, y, ds, nullptr, w, nullptr, nullptr)
                         : sl_gmm_cuda(&d, x, w, ds, nullptr, y, nullptr, nullptr);
       const bool ok = st == SL_STATUS_INVALID_ARGUMENT && strstr(sl_last_error(), "workspace");
-      printf("%s %s 9000 groups, no workspace: %s (%s)\n", ok ? "ok  " : "FAIL",
-             tg ? "tgmm" : "gmm", sl_status_string(st), sl_last_error());
+      printf("%s %s %d groups, no workspace: %s (%s)\n", ok ? "ok  " : "FAIL",
+             tg ? "tgmm" : "gmm", groups, sl_status_string(st), sl_last_error());
       ++g_cases, g_failures += !ok;
     }
     CUDA_OK(cudaDeviceSynchronize());

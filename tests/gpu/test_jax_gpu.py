@@ -287,10 +287,10 @@ def test_swiglu_poison_and_bad_sizes_gpu():
     import ctypes
 
     cp = pytest.importorskip("cupy")
-    from sluice import _lib
-    from sluice.swiglu import _SwigluDesc as Desc
+    from sluice.ops import capi
+    from sluice.ops.capi import SwigluDesc as Desc
 
-    lib = _lib.lib
+    lib = capi.lib
     vp = ctypes.c_void_p
     lib.sl_swiglu_fwd_cuda.argtypes = [ctypes.POINTER(Desc), vp, vp, vp, vp, vp]
     lib.sl_swiglu_bwd_cuda.argtypes = [ctypes.POINTER(Desc), vp, vp, vp, vp, vp, vp, vp]
@@ -360,7 +360,7 @@ def test_model_cudnn_attention_matches_xla_gpu():
 
     pytest.importorskip("flax")
     from flax import nnx
-    from sluice.model import PRESETS, Transformer, attention_impl
+    from sluice.nn.model import PRESETS, Transformer, attention_impl
 
     base = dataclasses.replace(PRESETS["tiny"]["model"], n_layers=2, dtype=jnp.bfloat16)
     assert attention_impl(base) == "cudnn"
@@ -392,7 +392,7 @@ def _moe_layer_grads(impl, over_all_gpus, **kw):
 
     from flax import nnx
     from jax.sharding import Mesh
-    from sluice.moe import MoE, MoEConfig
+    from sluice.nn.moe import MoE, MoEConfig
 
     n = len(jax.devices())
     if over_all_gpus and n < 2:
@@ -440,7 +440,7 @@ def test_moe_ragged_all_to_all_gradients_gpu(impl):
     """The layer expert-parallel over every GPU with jax.lax.ragged_all_to_all (ragged_dot; sluice.gmm
     with use_sluice_dispatch=False) against the ragged_dot path on one GPU. With its exchange
     buffers typed invariant across the ranks, the expert weights' and the input's gradients came out
-    ~100% off (bench/results/ragged-a2a-grad-h100x2-20261126.md)."""
+    ~100% off."""
     pytest.importorskip("flax")
     ref = _moe_layer_grads("ragged_dot", False)
     errs = _moe_errors(_moe_layer_grads(impl, True, use_sluice_dispatch=False), ref)

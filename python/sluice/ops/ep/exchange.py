@@ -1,0 +1,239 @@
+"""dispatch and combine: the exchange ops of sluice.ep with their VJPs (dispatch's backward is a
+combine, combine's a dispatch that reuses the layout). See sluice.ep's docstring."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._lib import register_targets
+from .._vma import _vary_kw, _varying, match_vma
+from ._common import check_float as _check_float
+from ._common import sds as _sds
+from .comm import _comm_for, _where
+
+register_targets(
+    {
+        "sluice_ep_dispatch": "sl_ffi_ep_dispatch",
+        "sluice_ep_combine": "sl_ffi_ep_combine",
+        "sluice_ep_redispatch": "sl_ffi_ep_redispatch",
+    }
+)
+
+_TAGS = itertools.count(1)
+
+
+def _tag() -> np.int64:
+    # A fresh tag per op instance: the n-th run of an instance meets the n-th run on the peers.
+    return np.int64(next(_TAGS))
+
+
+# ---- the pytrees ---------------------------------------------------------------------------------
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["send_row", "recv_src"],
+    meta_fields=["comm_id", "axis_name", "num_ranks", "num_experts"],
+)
+@dataclasses.dataclass(frozen=True)
+class Handle:
+    """The layout of one dispatch, for combine (and for dispatch's and combine's backward).
+
+    send_row int32 [T, R]: the row of token t in rank d's received buffer, -1 if not sent there.
+    recv_src int32 [N]: s*T + t for a received row from token t of rank s, -1 past num_rows.
+    """
+
+    send_row: jax.Array
+    recv_src: jax.Array
+    comm_id: int
+    axis_name: str
+    num_ranks: int
+    num_experts: int
+
+
+class Dispatched(NamedTuple):
+    """What dispatch returns on each rank (see sluice.ep's docstring)."""
+
+    x: jax.Array
+    topk_idx: jax.Array
+    topk_weights: jax.Array
+    num_rows: jax.Array
+    counts: jax.Array
+    handle: Handle
+
+
+# ---- raw FFI calls -------------------------------------------------------------------------------
+def _axes_of(where):
+    # `where` comes from axis_index: it varies over exactly the mesh axes of the exchange's group.
+    return _varying(where)
+
+
+def _exchange(call, cfg, *args):
+    """Runs an exchange op's FFI call; cfg = (comm_id, num_ranks, num_experts)."""
+    comm_id, num_ranks, num_experts = cfg
+    attrs = {
+        "comm_id": np.int64(comm_id),
+        "num_ranks": np.int64(num_ranks),
+        "num_experts": np.int64(num_experts),
+        "tag": _tag(),
+    }
+    return call(*args, **attrs)
+
+
+def _dispatch_call(x, idx, w, where, cfg):
+    t, h = x.shape
+    k = idx.shape[1]
+    _, r, e = cfg
+    n, l = t * r, e // r
+    v = _vary_kw(x, idx, w, where, extra=_axes_of(where))
+    outs = (
+        _sds((n, h), x.dtype, v),
+        _sds((n, k), jnp.int32, v),
+        _sds((n, k), jnp.float32, v),
+        _sds((1,), jnp.int32, v),
+        _sds((l,), jnp.int32, v),
+        _sds((t, r), jnp.int32, v),
+        _sds((n,), jnp.int32, v),
+    )
+    call = jax.ffi.ffi_call(
+        "sluice_ep_dispatch", outs, vmap_method="sequential", has_side_effect=True
+    )
+    return _exchange(call, cfg, x, idx, w, where)
+
+
+def _combine_call(y, y_w, send_row, where, cfg):
+    t = send_row.shape[0]
+    refs = (y, send_row, where) if y_w is None else (y, y_w, send_row, where)
+    v = _vary_kw(*refs, extra=_axes_of(where))
+    if y_w is None:
+        call = jax.ffi.ffi_call(
+            "sluice_ep_combine",
+            (_sds((t, y.shape[1]), y.dtype, v),),
+            vmap_method="sequential",
+            has_side_effect=True,
+        )
+        return _exchange(call, cfg, y, send_row, where)[0], None
+    call = jax.ffi.ffi_call(
+        "sluice_ep_combine",
+        (_sds((t, y.shape[1]), y.dtype, v), _sds((t, y_w.shape[1]), jnp.float32, v)),
+        vmap_method="sequential",
+        has_side_effect=True,
+    )
+    out, out_w = _exchange(call, cfg, y, y_w, send_row, where)
+    return out, out_w
+
+
+def _redispatch_call(g, recv_src, where, cfg):
+    v = _vary_kw(g, recv_src, where, extra=_axes_of(where))
+    call = jax.ffi.ffi_call(
+        "sluice_ep_redispatch",
+        (_sds((recv_src.shape[0], g.shape[1]), g.dtype, v),),
+        vmap_method="sequential",
+        has_side_effect=True,
+    )
+    return _exchange(call, cfg, g, recv_src, where)[0]
+
+
+# ---- dispatch with its VJP -----------------------------------------------------------------------
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _dispatch(x, idx, w, where, cfg):
+    return _dispatch_call(x, idx, w, where, cfg)
+
+
+def _dispatch_fwd(x, idx, w, where, cfg):
+    outs = _dispatch_call(x, idx, w, where, cfg)
+    return outs, (outs[1], outs[5], where, x[:0], w[:0])  # [:0]: only the types are kept
+
+
+def _dispatch_bwd(cfg, res, cts):
+    recv_idx, send_row, where, x, w = res
+    ct_x, _, ct_w = cts[0], cts[1], cts[2]
+    # A weight reaches the one rank owning its expert; elsewhere its slot holds a constant 0.
+    ct_w = jnp.where(recv_idx >= 0, ct_w.astype(jnp.float32), 0.0)
+    dx, dw = _combine_call(ct_x, ct_w, send_row, where, cfg)
+    return match_vma(dx, x), None, match_vma(dw, w), None
+
+
+_dispatch.defvjp(_dispatch_fwd, _dispatch_bwd)
+
+
+def dispatch(x, topk_idx, topk_weights, *, num_experts: int, axis_name) -> Dispatched:
+    """Sends each token once to every rank owning one of its experts. See sluice.ep's docstring."""
+    x, topk_idx, topk_weights = jnp.asarray(x), jnp.asarray(topk_idx), jnp.asarray(topk_weights)
+    if x.ndim != 2:
+        raise ValueError(f"sluice.ep.dispatch: x must be 2-D [T, H], got shape {x.shape}")
+    _check_float("dispatch", "x", x)
+    if topk_idx.ndim != 2 or topk_idx.shape[0] != x.shape[0] or topk_idx.shape[1] < 1:
+        raise ValueError(
+            f"sluice.ep.dispatch: topk_idx must be [T, k] with T = {x.shape[0]} and "
+            f"k >= 1, got shape {topk_idx.shape}"
+        )
+    if topk_idx.dtype != jnp.int32:
+        raise TypeError(f"sluice.ep.dispatch: topk_idx must be int32, got {topk_idx.dtype}")
+    if topk_weights.shape != topk_idx.shape:
+        raise ValueError(
+            f"sluice.ep.dispatch: topk_weights must have topk_idx's shape "
+            f"{topk_idx.shape}, got {topk_weights.shape}"
+        )
+    if topk_weights.dtype != jnp.float32:
+        raise TypeError(
+            f"sluice.ep.dispatch: topk_weights must be float32, got {topk_weights.dtype}"
+        )
+    comm = _comm_for("dispatch", axis_name)
+    num_experts = int(num_experts)
+    if num_experts < 1 or num_experts % comm.num_ranks:
+        raise ValueError(
+            f"sluice.ep.dispatch: num_experts={num_experts} is not a positive multiple of "
+            f"the {comm.num_ranks} ranks of axis {axis_name!r}"
+        )
+    cfg = (comm.comm_id, comm.num_ranks, num_experts)
+    rx, ri, rw, nr, cn, sr, rs = _dispatch(x, topk_idx, topk_weights, _where(comm), cfg)
+    handle = Handle(sr, rs, comm.comm_id, axis_name, comm.num_ranks, num_experts)
+    return Dispatched(rx, ri, rw, nr[0], cn, handle)
+
+
+# ---- combine with its VJP ------------------------------------------------------------------------
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _combine(y, send_row, recv_src, where, cfg):
+    return _combine_call(y, None, send_row, where, cfg)[0]
+
+
+def _combine_fwd(y, send_row, recv_src, where, cfg):
+    return _combine_call(y, None, send_row, where, cfg)[0], (recv_src, where, y[:0])
+
+
+def _combine_bwd(cfg, res, ct):
+    recv_src, where, y = res
+    return match_vma(_redispatch_call(ct, recv_src, where, cfg), y), None, None, None
+
+
+_combine.defvjp(_combine_fwd, _combine_bwd)
+
+
+def combine(y, handle: Handle):
+    """Sends each received row back to its source token and sums a token's rows in rank order (f32)."""
+    y = jnp.asarray(y)
+    if not isinstance(handle, Handle):
+        raise TypeError(
+            f"sluice.ep.combine: handle must be dispatch(...).handle, got {type(handle)}"
+        )
+    n = handle.recv_src.shape[0]
+    if y.ndim != 2 or y.shape[0] != n:
+        raise ValueError(
+            f"sluice.ep.combine: y must be [N, H] with N = {n} (dispatch's rows), "
+            f"got shape {y.shape}"
+        )
+    _check_float("combine", "y", y)
+    comm = _comm_for("combine", handle.axis_name)
+    if comm.comm_id != handle.comm_id:
+        raise RuntimeError(
+            "sluice.ep.combine: the handle comes from a communicator that was replaced "
+            "(sluice.ep.setup was called again); dispatch again"
+        )
+    cfg = (comm.comm_id, comm.num_ranks, handle.num_experts)
+    return _combine(y, handle.send_row, handle.recv_src, _where(comm), cfg)

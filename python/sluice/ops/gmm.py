@@ -1,0 +1,310 @@
+"""Grouped GEMM ops: `gmm` (ragged rows) and `tgmm` (ragged contraction), each differentiable,
+vmap-able (the FFI call broadcasts batch dims into the kernels' batch) and usable under jit and
+shard_map; each with a pure-jnp reference beside it.
+
+Semantics (the same as jax.lax.ragged_dot, plus group_offset):
+  gmm:  lhs [M, K] with rows sorted by group, rhs [G_local, K, N] (or [G_local, N, K] with
+        transpose_rhs), group_sizes int32 [G]. For local group j (global group g = offset + j), the rows
+        of g are lhs[start_g : start_g + size_g] with start_g = sum(group_sizes[:g]);
+        out[rows of g] = lhs[rows of g] @ rhs[j]. Every other row of out is zero (rows of non-local
+        groups, rows past sum(group_sizes)).
+  tgmm: out[j] = lhs[rows of g].T @ rhs[rows of g], lhs [M, K], rhs [M, N] -> [G_local, K, N].
+
+Device-side group sizes: on the CPU a negative size, sum(group_sizes) > M or an out-of-range
+group_offset is an error at run time (raised by the FFI call); on a GPU the kernels clamp them (negative
+sizes count as 0, rows past M are ignored) and never read or write out of bounds.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._lib import register_targets
+from ._vma import _vary_kw, match_vma
+from .capi import gmm_workspace_bytes
+
+register_targets({"sluice_gmm": "sl_ffi_gmm", "sluice_tgmm": "sl_ffi_tgmm"})
+
+_FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+
+def _check_float(op, name, dtype):
+    if jnp.dtype(dtype) not in [jnp.dtype(t) for t in _FLOATS]:
+        raise TypeError(f"sluice.{op}: {name} must be float32, bfloat16 or float16, got {dtype}")
+
+
+def _check_common(op, lhs, group_sizes, group_offset, preferred_element_type):
+    if lhs.ndim != 2:
+        raise ValueError(f"sluice.{op}: lhs must be 2-D [M, K], got shape {lhs.shape}")
+    _check_float(op, "lhs", lhs.dtype)
+    if group_sizes.ndim != 1:
+        raise ValueError(f"sluice.{op}: group_sizes must be 1-D [G], got shape {group_sizes.shape}")
+    if group_sizes.dtype != jnp.int32:
+        raise TypeError(f"sluice.{op}: group_sizes must be int32, got {group_sizes.dtype}")
+    if preferred_element_type is not None:
+        _check_float(op, "preferred_element_type", preferred_element_type)
+    if group_offset is not None:
+        shape = np.shape(group_offset)
+        if shape not in ((), (1,)):
+            raise ValueError(
+                f"sluice.{op}: group_offset must be a scalar or shape (1,), got {shape}"
+            )
+        if not jnp.issubdtype(jnp.result_type(group_offset), jnp.integer):
+            raise TypeError(f"sluice.{op}: group_offset must be an integer")
+
+
+def _offset_array(group_offset):
+    if group_offset is None:
+        return jnp.zeros((1,), jnp.int32)
+    return jnp.reshape(jnp.asarray(group_offset, jnp.int32), (1,))
+
+
+def _ffi(target, out_shape, out_dtype, lhs, rhs, group_sizes, group_offset, *, n, g_local, **attrs):
+    """One FFI call of `target` (gmm or tgmm) with `attrs`: lhs [..., M, K], output [..., N]
+    columns, g_local local groups; its workspace sized by the library for this problem."""
+    m, k = lhs.shape[-2:]
+    ws = gmm_workspace_bytes(
+        m=m,
+        k=k,
+        n=n,
+        num_groups=group_sizes.shape[-1],
+        num_local_groups=g_local,
+        dtype=jnp.dtype(lhs.dtype),
+        out_dtype=jnp.dtype(out_dtype),
+        transpose_rhs=bool(attrs.get("transpose_rhs", False)),
+    )
+    # Inside shard_map the result varies over whatever mesh axes the operands vary over.
+    kw = _vary_kw(lhs, rhs, group_sizes, group_offset)
+    call = jax.ffi.ffi_call(
+        target,
+        (
+            jax.ShapeDtypeStruct(out_shape, out_dtype, **kw),
+            jax.ShapeDtypeStruct((ws,), jnp.uint8, **kw),
+        ),
+        vmap_method="broadcast_all",
+    )
+    return call(lhs, rhs, group_sizes, group_offset, **attrs)[0]
+
+
+def _gmm_call(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip_unused=False):
+    n = rhs.shape[-2] if transpose_rhs else rhs.shape[-1]
+    out_shape = lhs.shape[:-1] + (n,)
+    g_local = rhs.shape[-3]
+    return _ffi(
+        "sluice_gmm", out_shape, out_dtype, lhs, rhs, group_sizes, group_offset,
+        n=n, g_local=g_local, transpose_rhs=np.int32(transpose_rhs),
+        skip_unused_rows=np.int32(skip_unused),
+    )  # fmt: skip
+
+
+def _tgmm_call(lhs, rhs, group_sizes, group_offset, num_local_groups, out_dtype):
+    k, n = lhs.shape[-1], rhs.shape[-1]
+    out_shape = lhs.shape[:-2] + (num_local_groups, k, n)
+    return _ffi(
+        "sluice_tgmm", out_shape, out_dtype, lhs, rhs, group_sizes, group_offset,
+        n=n, g_local=num_local_groups,
+    )  # fmt: skip
+
+
+# ---- gmm with its VJP ------------------------------------------------------------------------
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _gmm(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip_unused):
+    return _gmm_call(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip_unused)
+
+
+def _gmm_fwd(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip_unused):
+    out = _gmm_call(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip_unused)
+    return out, (lhs, rhs, group_sizes, group_offset)
+
+
+def _gmm_bwd(transpose_rhs, out_dtype, skip_unused, res, dout):
+    lhs, rhs, group_sizes, group_offset = res
+    dout = dout.astype(lhs.dtype)
+    # d lhs = d out @ rhs[g]^T: the same op with the other orientation of rhs (its rows outside
+    # the local groups, whose true gradient is zero, left unwritten too with skip_unused).
+    dlhs = _gmm_call(
+        dout, rhs, group_sizes, group_offset, not transpose_rhs, lhs.dtype, skip_unused
+    )
+    g_local = rhs.shape[-3]
+    if transpose_rhs:  # rhs[g] is [N, K]: d rhs[g] = d out[rows]^T @ lhs[rows]
+        drhs = _tgmm_call(dout, lhs, group_sizes, group_offset, g_local, rhs.dtype)
+    else:
+        drhs = _tgmm_call(lhs, dout, group_sizes, group_offset, g_local, rhs.dtype)
+    # The weight gradient is off the backward pass's critical path, and XLA:GPU's scheduler, far
+    # from its memory limit, ran every layer's late (just before the optimizer's update), keeping
+    # each layer's lhs and dout alive until then: with --remat at EP 2 the step took 34.5 GiB
+    # instead of 18.3. The barrier makes it run before
+    # d lhs is used. Its outputs vary over the union of its inputs' mesh axes; match_vma below
+    # then sums only over axes the primal lacks, and the union adds none such: an axis in dlhs's
+    # and not drhs's comes from rhs (drhs keeps it), one in drhs's and not dlhs's from lhs.
+    dlhs, drhs = jax.lax.optimization_barrier((dlhs, drhs))
+    return match_vma(dlhs, lhs), match_vma(drhs, rhs), None, None
+
+
+_gmm.defvjp(_gmm_fwd, _gmm_bwd)
+
+
+def gmm(
+    lhs,
+    rhs,
+    group_sizes,
+    *,
+    transpose_rhs=False,
+    group_offset=None,
+    preferred_element_type=None,
+    zero_unused_rows=True,
+):
+    """Grouped matmul, a drop-in for `jax.lax.ragged_dot(lhs, rhs, group_sizes)`.
+
+    Args:
+      lhs: [M, K], rows sorted by group.
+      rhs: [G_local, K, N], or [G_local, N, K] with `transpose_rhs`.
+      group_sizes: int32 [G] on the device, G >= G_local.
+      group_offset: int (or int32 array of shape () or (1,)): the first global group held in rhs.
+        Rows of groups outside [offset, offset + G_local) come out zero. Default 0.
+      preferred_element_type: output dtype (float32, bfloat16, float16); default lhs.dtype.
+      zero_unused_rows: True (ragged_dot's semantics): rows outside the local groups' rows (past
+        sum(group_sizes), or of other groups with group_offset) come out zero. False: on a GPU
+        they are left unwritten, their contents unspecified (maybe NaN), and so are those rows of
+        the gradient wrt lhs: for callers that never read them, such as an MoE layer whose expert
+        block is sized for the worst case (writing its unused half cost ~3% of an EP 4 training
+        step). The CPU path zeroes them either way.
+    Returns:
+      [M, N]. Accumulation is always in float32.
+    """
+    lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
+    _check_common("gmm", lhs, group_sizes, group_offset, preferred_element_type)
+    want = "[G_local, N, K]" if transpose_rhs else "[G_local, K, N]"
+    if rhs.ndim != 3:
+        raise ValueError(f"sluice.gmm: rhs must be 3-D {want}, got shape {rhs.shape}")
+    if rhs.dtype != lhs.dtype:
+        raise TypeError(f"sluice.gmm: rhs dtype {rhs.dtype} differs from lhs dtype {lhs.dtype}")
+    k_rhs = rhs.shape[2] if transpose_rhs else rhs.shape[1]
+    if k_rhs != lhs.shape[1]:
+        raise ValueError(
+            f"sluice.gmm: contraction dims differ: lhs {lhs.shape} has K={lhs.shape[1]}, "
+            f"rhs {rhs.shape} {want} has K={k_rhs}"
+        )
+    if rhs.shape[0] > group_sizes.shape[0]:
+        raise ValueError(
+            f"sluice.gmm: rhs holds {rhs.shape[0]} groups but group_sizes has only "
+            f"{group_sizes.shape[0]}"
+        )
+    if group_offset is None and rhs.shape[0] != group_sizes.shape[0]:
+        raise ValueError(
+            f"sluice.gmm: rhs holds {rhs.shape[0]} groups and group_sizes {group_sizes.shape[0]}; "
+            "pass group_offset to compute a slice of the groups"
+        )
+    if not isinstance(zero_unused_rows, (bool, np.bool_)):
+        raise TypeError(
+            f"sluice.gmm: zero_unused_rows must be a bool, got {type(zero_unused_rows).__name__}"
+        )
+    out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
+    return _gmm(
+        lhs, rhs, group_sizes, _offset_array(group_offset), bool(transpose_rhs), out_dtype,
+        not zero_unused_rows,
+    )  # fmt: skip
+
+
+# ---- tgmm with its VJP -----------------------------------------------------------------------
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _tgmm(lhs, rhs, group_sizes, group_offset, num_local_groups, out_dtype):
+    return _tgmm_call(lhs, rhs, group_sizes, group_offset, num_local_groups, out_dtype)
+
+
+def _tgmm_fwd(lhs, rhs, group_sizes, group_offset, num_local_groups, out_dtype):
+    out = _tgmm_call(lhs, rhs, group_sizes, group_offset, num_local_groups, out_dtype)
+    return out, (lhs, rhs, group_sizes, group_offset)
+
+
+def _tgmm_bwd(num_local_groups, out_dtype, res, dout):
+    lhs, rhs, group_sizes, group_offset = res
+    dout = dout.astype(lhs.dtype)
+    # out[g] = lhs_g^T rhs_g  =>  d lhs_g = rhs_g @ dout[g]^T,  d rhs_g = lhs_g @ dout[g]
+    dlhs = _gmm_call(rhs, dout, group_sizes, group_offset, True, lhs.dtype)
+    drhs = _gmm_call(lhs, dout, group_sizes, group_offset, False, rhs.dtype)
+    return match_vma(dlhs, lhs), match_vma(drhs, rhs), None, None
+
+
+_tgmm.defvjp(_tgmm_fwd, _tgmm_bwd)
+
+
+def tgmm(
+    lhs, rhs, group_sizes, *, group_offset=None, num_local_groups=None, preferred_element_type=None
+):
+    """Weight-gradient grouped matmul: out[j] = lhs[rows of g]^T @ rhs[rows of g], g = offset + j.
+
+    Args:
+      lhs: [M, K]; rhs: [M, N]; rows sorted by group.
+      group_sizes: int32 [G].
+      group_offset, num_local_groups: compute only groups [offset, offset + num_local_groups)
+        (default: all G groups, offset 0).
+      preferred_element_type: output dtype; default lhs.dtype.
+    Returns:
+      [num_local_groups, K, N]; a group with no rows gives zeros.
+    """
+    lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
+    _check_common("tgmm", lhs, group_sizes, group_offset, preferred_element_type)
+    if rhs.ndim != 2 or rhs.shape[0] != lhs.shape[0]:
+        raise ValueError(
+            f"sluice.tgmm: rhs must be 2-D [M, N] with the {lhs.shape[0]} rows of lhs, "
+            f"got shape {rhs.shape}"
+        )
+    if rhs.dtype != lhs.dtype:
+        raise TypeError(f"sluice.tgmm: rhs dtype {rhs.dtype} differs from lhs dtype {lhs.dtype}")
+    g = group_sizes.shape[0]
+    num_local_groups = g if num_local_groups is None else int(num_local_groups)
+    if not 0 <= num_local_groups <= g:
+        raise ValueError(
+            f"sluice.tgmm: num_local_groups must be in [0, {g}], got {num_local_groups}"
+        )
+    out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
+    return _tgmm(lhs, rhs, group_sizes, _offset_array(group_offset), num_local_groups, out_dtype)
+
+
+# ---- pure-jnp references ---------------------------------------------------------------------
+def _local_masks(m, group_sizes, group_offset, g_local):
+    """[G_local, M] bool: row r belongs to local group j."""
+    ends = jnp.cumsum(group_sizes)
+    starts = ends - group_sizes
+    off = _offset_array(group_offset)[0]
+    rows = jnp.arange(m)
+    idx = off + jnp.arange(g_local)
+    s, e = starts[idx], ends[idx]
+    return (rows[None, :] >= s[:, None]) & (rows[None, :] < e[:, None])
+
+
+def gmm_reference(
+    lhs, rhs, group_sizes, *, transpose_rhs=False, group_offset=None, preferred_element_type=None
+):
+    """gmm in plain jnp (float32 math, G_local dense matmuls): for tests, not for speed."""
+    out_dtype = preferred_element_type or lhs.dtype
+    masks = _local_masks(lhs.shape[0], group_sizes, group_offset, rhs.shape[0])
+    w = jnp.swapaxes(rhs, 1, 2) if transpose_rhs else rhs
+    prods = jnp.einsum(
+        "mk,gkn->gmn",
+        lhs.astype(jnp.float32),
+        w.astype(jnp.float32),
+        precision=jax.lax.Precision.HIGHEST,
+    )
+    return jnp.sum(jnp.where(masks[:, :, None], prods, 0.0), axis=0).astype(out_dtype)
+
+
+def tgmm_reference(
+    lhs, rhs, group_sizes, *, group_offset=None, num_local_groups=None, preferred_element_type=None
+):
+    """tgmm in plain jnp (float32 math): for tests, not for speed."""
+    out_dtype = preferred_element_type or lhs.dtype
+    g_local = group_sizes.shape[0] if num_local_groups is None else num_local_groups
+    masks = _local_masks(lhs.shape[0], group_sizes, group_offset, g_local)
+    return jnp.einsum(
+        "gm,mk,mn->gkn",
+        masks.astype(jnp.float32),
+        lhs.astype(jnp.float32),
+        rhs.astype(jnp.float32),
+        precision=jax.lax.Precision.HIGHEST,
+    ).astype(out_dtype)

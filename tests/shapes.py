@@ -1,0 +1,93 @@
+"""The one list of shapes, shared by the tests (tests/python, tests/gpu) and the benchmarks (bench/,
+which put tests/ on their path). Plain Python and numpy: importing it loads neither jax nor sluice.
+
+Grouped GEMM shapes are (name, M rows, G experts, K, N); group sizes come from `group_sizes`:
+numpy.random.default_rng(seed).multinomial(M, p) with p uniform ("uniform") or Dirichlet(0.3)
+("skewed": some experts near empty, one several times the mean).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Shape(NamedTuple):
+    name: str
+    m: int
+    g: int
+    k: int
+    n: int
+
+
+SHAPES: tuple[Shape, ...] = (
+    Shape("dsv3-gateup-ep8", 32768, 32, 7168, 4096),
+    Shape("dsv3-down-ep8", 32768, 32, 2048, 7168),
+    Shape("mixtral-up", 16384, 8, 4096, 14336),
+    Shape("qwen3-30b-up", 65536, 128, 2048, 1536),
+)
+
+# The expert matmuls of the dsv3-proxy MoE layer (python/sluice/nn/model.py: D 1024,
+# expert F 256 with gate and up fused, 256 experts, top-8) at bench_moe's 8 x 2048 tokens, the
+# fine-grained shapes a one-GPU model runs (`bench_gmm.py --shapes fine`).
+FINE_SHAPES: tuple[Shape, ...] = (
+    Shape("dsv3proxy-gateup", 131072, 256, 1024, 512),
+    Shape("dsv3proxy-down", 131072, 256, 256, 1024),
+)
+
+DISTRIBUTIONS: tuple[str, ...] = ("uniform", "skewed")
+
+# The CPU tests' grouped GEMM cases: (M, K, N, G, rows routed), small enough for the CPU kernels and
+# each with an edge: K and N multiples of nothing, rows past the groups, empty groups, one group, no
+# rows routed at all.
+TEST_CASES: tuple[tuple[int, int, int, int, int], ...] = (
+    (64, 32, 48, 4, 64),
+    (77, 19, 131, 5, 60),
+    (200, 300, 70, 16, 200),
+    (13, 8, 9, 1, 13),
+    (40, 17, 23, 8, 0),
+)
+
+# bench/bench_cpu_gmm.py's (M, K, N, G) on the CPU kernels: the tiny preset's gate/up, a narrower K,
+# and a few large groups.
+CPU_SHAPES: tuple[tuple[int, int, int, int], ...] = (
+    (8192, 128, 128, 16),
+    (8192, 64, 128, 16),
+    (4096, 512, 256, 8),
+)
+
+# SwiGLU expert blocks of bench/bench_swiglu.py: name -> (M rows, G experts, H hidden, F expert
+# ffn), gate and up projections of [G, H, F] each and the down projection [G, F, H].
+SWIGLU_BLOCKS: dict[str, tuple[int, int, int, int]] = {
+    "dsv3-ep8": (32768, 32, 7168, 2048),
+    "mixtral": (16384, 8, 4096, 14336),
+    "qwen3-30b": (65536, 128, 2048, 768),
+}
+
+
+def select_shapes(spec: str | None) -> tuple[Shape, ...]:
+    """Shapes by a comma-separated list of names, "bench" (SHAPES, the default) or "fine"."""
+    if not spec or spec == "bench":
+        return SHAPES
+    if spec == "fine":
+        return FINE_SHAPES
+    by_name = {s.name: s for s in SHAPES + FINE_SHAPES}
+    unknown = [n for n in spec.split(",") if n not in by_name]
+    if unknown:
+        raise ValueError(f"unknown shape(s) {unknown}; known: {sorted(by_name)}")
+    return tuple(by_name[n] for n in spec.split(","))
+
+
+def group_sizes(shape: Shape, distribution: str, seed: int = 0) -> np.ndarray:
+    """int32 [G] group sizes summing to shape.m."""
+    rng = np.random.default_rng(seed)
+    if distribution == "exact":  # every group M/G rows (the first M % G one more): no ragged edge
+        return (shape.m // shape.g + (np.arange(shape.g) < shape.m % shape.g)).astype(np.int32)
+    if distribution == "uniform":
+        p = np.full(shape.g, 1.0 / shape.g)
+    elif distribution == "skewed":
+        p = rng.dirichlet(np.full(shape.g, 0.3))
+    else:
+        raise ValueError(f"unknown distribution {distribution!r}")
+    return rng.multinomial(shape.m, p).astype(np.int32)
