@@ -131,7 +131,7 @@ __device__ __forceinline__ int4 ld_nc(const int4 *p) {
   return v;
 }
 
-__device__ void record_timeout(const Ctl &c, int waited_for, int phase) {
+static __device__ void record_timeout(const Ctl &c, int waited_for, int phase) {
   if (atomicCAS(&c.err->code, 0, 1) == 0) {
     c.err->rank = c.rank;
     c.err->waited_for = waited_for;
@@ -142,7 +142,7 @@ __device__ void record_timeout(const Ctl &c, int waited_for, int phase) {
 }
 
 /* Step 2: every block waits for all peers' mail of this call. Returns false on timeout. */
-__device__ bool meet(const Ctl &c) {
+static __device__ bool meet(const Ctl &c) {
   __shared__ int ok;
   if (threadIdx.x == 0) ok = 1;
   __syncthreads();
@@ -162,14 +162,14 @@ __device__ bool meet(const Ctl &c) {
 }
 
 /* Step 1 (block 0): the flag after the mail contents. Threads wrote the contents before calling. */
-__device__ void publish(const Ctl &c) {
+static __device__ void publish(const Ctl &c) {
   __threadfence_system();
   __syncthreads();
   if (threadIdx.x < c.R) st_release(&c.bufs[threadIdx.x]->mail[c.rank].seq, c.seq);
 }
 
 /* Step 4. Every thread fenced its stores; then one bump per peer per block; block 0 waits. */
-__device__ void leave(const Ctl &c, bool ok) {
+static __device__ void leave(const Ctl &c, bool ok) {
   __threadfence_system();
   __syncthreads();
   if (threadIdx.x < c.R) atomicAdd_system(&c.bufs[threadIdx.x]->done, 1ull);

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._lib import register_targets
-from ._vma import _vary_kw, match_vma
+from .vma import _vary_kw, match_vma
 from .capi import gmm_workspace_bytes
 
 register_targets({"sluice_gmm": "sl_ffi_gmm", "sluice_tgmm": "sl_ffi_tgmm"})

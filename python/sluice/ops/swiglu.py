@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._lib import register_targets
-from ._vma import _vary_kw, match_vma
+from .vma import _vary_kw, match_vma
 
 register_targets({"sluice_swiglu": "sl_ffi_swiglu", "sluice_swiglu_bwd": "sl_ffi_swiglu_bwd"})
 

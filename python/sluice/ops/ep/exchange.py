@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._lib import register_targets
-from .._vma import _vary_kw, _varying, match_vma
+from ..vma import _vary_kw, _varying, match_vma
 from ._common import check_float as _check_float
 from ._common import sds as _sds
 from .comm import _comm_for, _where
