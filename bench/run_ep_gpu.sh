@@ -33,27 +33,25 @@ want() { [[ " ${PARTS:-capi jax mp} " == *" $1 "* ]]; }
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } >>"$LOG" 2>&1
 R=${EP_RANKS:-$(nvidia-smi -L | wc -l)}
 echo "ranks: $R" | tee -a "$OUT/summary.txt"
-new() { PYTHONPATH=$PWD/python python3 bench/bench_ep.py "$@"; }
-base() {
-  PYTHONPATH=$BASELINE/python SLUICE_LIBRARY=$(realpath "$BASELINE/libsluice.so") \
-    python3 "$BASELINE/bench/bench_ep.py" "$@"
-}
+new=(env PYTHONPATH="$PWD/python" python3 bench/bench_ep.py)
+[ -n "${BASELINE:-}" ] && base=(env PYTHONPATH="$BASELINE/python" SLUICE_LIBRARY="$(realpath "$BASELINE/libsluice.so")"
+  python3 "$BASELINE/bench/bench_ep.py")
 jax_args=(--part jax --ranks "$R" --sms 64 --reps 5)
 if want jax; then
-  step jax timeout 200 new "${jax_args[@]}" --out "$OUT/ep-jax.json"
+  step jax timeout 200 "${new[@]}" "${jax_args[@]}" --out "$OUT/ep-jax.json"
   if [ -n "${BASELINE:-}" ]; then
-    step jax-base1 timeout 200 base "${jax_args[@]}" --out "$OUT/ep-jax-base1.json"
-    step jax-base2 timeout 200 base "${jax_args[@]}" --out "$OUT/ep-jax-base2.json"
-    step jax-new2 timeout 200 new "${jax_args[@]}" --out "$OUT/ep-jax-new2.json"
+    step jax-base1 timeout 200 "${base[@]}" "${jax_args[@]}" --out "$OUT/ep-jax-base1.json"
+    step jax-base2 timeout 200 "${base[@]}" "${jax_args[@]}" --out "$OUT/ep-jax-base2.json"
+    step jax-new2 timeout 200 "${new[@]}" "${jax_args[@]}" --out "$OUT/ep-jax-new2.json"
   fi
 fi
-want capi && step capi timeout 150 new --part capi --ranks "$R" --sms 20 24 32 64 \
+want capi && step capi timeout 150 "${new[@]}" --part capi --ranks "$R" --sms 20 24 32 64 \
   --transports peer ipc nccl --transport-sms 64 --out "$OUT/ep-capi.json"
-want mp && step mp timeout 240 new --part mp --ranks "$R" --sms 64 --reps 5 --unroll 6 \
+want mp && step mp timeout 240 "${new[@]}" --part mp --ranks "$R" --sms 64 --reps 5 --unroll 6 \
   --mp-timeout 110 --out "$OUT/ep-mp.json"
-new --report "$OUT"/ep-capi.json "$OUT"/ep-jax.json "$OUT"/ep-mp.json --md "$OUT/ep.md" >>"$LOG" 2>&1
+"${new[@]}" --report "$OUT"/ep-capi.json "$OUT"/ep-jax.json "$OUT"/ep-mp.json --md "$OUT/ep.md" >>"$LOG" 2>&1
 for f in "$OUT"/ep-jax-*.json; do
-  [ -f "$f" ] && new --report "$f" --md "${f%.json}.md" >>"$LOG" 2>&1
+  [ -f "$f" ] && "${new[@]}" --report "$f" --md "${f%.json}.md" >>"$LOG" 2>&1
 done
 cat "$OUT/summary.txt"
 cat "$OUT/ep.md" 2>/dev/null
