@@ -2,6 +2,8 @@
 
 sluice.gmm / sluice.tgmm    grouped GEMM (ragged rows / ragged contraction), differentiable
 sluice.gmm_reference ...    pure-jnp references of the same ops
+sluice.ragged_dot ...       jax.lax.ragged_dot / ragged_dot_general's exact signatures on gmm / tgmm
+sluice.export_disabled_checks()   what jax.export needs to serialize programs that call sluice
 sluice.swiglu               an expert block's SwiGLU activation over its groups' rows only
 sluice.ep                   expert-parallel dispatch / combine and the local fan-out / fan-in
 
@@ -11,18 +13,24 @@ the training step) and cli/ (the sluice-* commands).
 """
 
 from .ops import ep
-from .ops._lib import has_cuda
+from .ops._lib import export_disabled_checks, has_cuda
+from .ops.checks import ShapeError
 from .ops.gmm import gmm, gmm_reference, tgmm, tgmm_reference
+from .ops.ragged import ragged_dot, ragged_dot_general
 from .ops.swiglu import swiglu, swiglu_reference
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ShapeError",
     "__version__",
     "ep",
+    "export_disabled_checks",
     "gmm",
     "gmm_reference",
     "has_cuda",
+    "ragged_dot",
+    "ragged_dot_general",
     "swiglu",
     "swiglu_reference",
     "tgmm",

@@ -1,4 +1,5 @@
-"""The ops: libsluice loaded (_lib), the C API's ctypes mirrors (capi),
-shard_map typing for FFI results (vma), and one differentiable JAX
-function per op with a pure-jnp reference beside it: gmm / tgmm, swiglu, and the expert-parallel ep
-package (communicators, dispatch / combine, fan-out / fan-in)."""
+"""The ops: libsluice loaded (_lib), the C API's ctypes mirrors (capi), shard_map typing for FFI
+results (vma), the argument checks and explicit-mesh placement the ops share (checks), and one
+differentiable JAX function per op with a pure-jnp reference beside it: gmm / tgmm, swiglu, and the
+expert-parallel ep package (communicators, dispatch / combine, fan-out / fan-in); ragged holds
+ragged_dot / ragged_dot_general's exact signatures over gmm / tgmm."""

@@ -10,6 +10,12 @@ Semantics (the same as jax.lax.ragged_dot, plus group_offset):
         groups, rows past sum(group_sizes)).
   tgmm: out[j] = lhs[rows of g].T @ rhs[rows of g], lhs [M, K], rhs [M, N] -> [G_local, K, N].
 
+Drop-in for ragged_dot: gmm and tgmm take ragged_dot's arguments (precision, preferred_element_type,
+group_offset, out_sharding; group sizes of any integer dtype), raise TypeError for the shapes it
+rejects, trace with a symbolic row count under jax.export, and export with
+sluice.export_disabled_checks(). sluice.ragged_dot / ragged_dot_general (ragged.py) carry its exact
+signatures.
+
 Device-side group sizes: on the CPU a negative size, sum(group_sizes) > M or an out-of-range
 group_offset is an error at run time (raised by the FFI call); on a GPU the kernels clamp them (negative
 sizes count as 0, rows past M are ignored) and never read or write out of bounds.
@@ -23,30 +29,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import checks
 from ._lib import register_targets
-from .vma import _vary_kw, match_vma
 from .capi import gmm_workspace_bytes
+from .checks import ShapeError
+from .vma import _vary_kw, match_vma
 
 register_targets({"sluice_gmm": "sl_ffi_gmm", "sluice_tgmm": "sl_ffi_tgmm"})
 
-_FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
 
-
-def _check_float(op, name, dtype):
-    if jnp.dtype(dtype) not in [jnp.dtype(t) for t in _FLOATS]:
-        raise TypeError(f"sluice.{op}: {name} must be float32, bfloat16 or float16, got {dtype}")
-
-
-def _check_common(op, lhs, group_sizes, group_offset, preferred_element_type):
+def _check_common(op, lhs, group_sizes, group_offset, preferred_element_type, precision):
+    """Checks what gmm and tgmm share; returns group_sizes as int32."""
     if lhs.ndim != 2:
-        raise ValueError(f"sluice.{op}: lhs must be 2-D [M, K], got shape {lhs.shape}")
-    _check_float(op, "lhs", lhs.dtype)
-    if group_sizes.ndim != 1:
-        raise ValueError(f"sluice.{op}: group_sizes must be 1-D [G], got shape {group_sizes.shape}")
-    if group_sizes.dtype != jnp.int32:
-        raise TypeError(f"sluice.{op}: group_sizes must be int32, got {group_sizes.dtype}")
+        raise ShapeError(f"sluice.{op}: lhs must be 2-D [M, K], got shape {lhs.shape}")
+    checks.check_float(op, "lhs", lhs.dtype)
+    group_sizes = checks.group_sizes_int32(op, group_sizes, lhs.shape[0])
+    checks.check_group_count(op, group_sizes)
+    checks.check_precision(op, precision)
     if preferred_element_type is not None:
-        _check_float(op, "preferred_element_type", preferred_element_type)
+        checks.check_float(op, "preferred_element_type", preferred_element_type)
     if group_offset is not None:
         shape = np.shape(group_offset)
         if shape not in ((), (1,)):
@@ -55,6 +56,7 @@ def _check_common(op, lhs, group_sizes, group_offset, preferred_element_type):
             )
         if not jnp.issubdtype(jnp.result_type(group_offset), jnp.integer):
             raise TypeError(f"sluice.{op}: group_offset must be an integer")
+    return group_sizes
 
 
 def _offset_array(group_offset):
@@ -66,7 +68,9 @@ def _offset_array(group_offset):
 def _ffi(target, out_shape, out_dtype, lhs, rhs, group_sizes, group_offset, *, n, g_local, **attrs):
     """One FFI call of `target` (gmm or tgmm) with `attrs`: lhs [..., M, K], output [..., N]
     columns, g_local local groups; its workspace sized by the library for this problem."""
-    m, k = lhs.shape[-2:]
+    # The size depends on the group counts only (include/sluice.h: O(batch * G)), so a symbolic
+    # dimension (jax.export shape polymorphism: M, K or N) passes as 1.
+    m, k, n = (d if checks.is_static(d) else 1 for d in (*lhs.shape[-2:], n))
     ws = gmm_workspace_bytes(
         m=m,
         k=k,
@@ -157,13 +161,16 @@ def gmm(
     group_offset=None,
     preferred_element_type=None,
     zero_unused_rows=True,
+    precision=None,
+    out_sharding=None,
 ):
-    """Grouped matmul, a drop-in for `jax.lax.ragged_dot(lhs, rhs, group_sizes)`.
+    """Grouped matmul, a drop-in for `jax.lax.ragged_dot(lhs, rhs, group_sizes, ...)`.
 
     Args:
-      lhs: [M, K], rows sorted by group.
+      lhs: [M, K], rows sorted by group. M may be a jax.export symbolic dimension.
       rhs: [G_local, K, N], or [G_local, N, K] with `transpose_rhs`.
-      group_sizes: int32 [G] on the device, G >= G_local.
+      group_sizes: [G] on the device, G >= G_local (static), int32 or any other integer dtype
+        (converted: valid sizes exactly, wider values saturate at the int32 bounds).
       group_offset: int (or int32 array of shape () or (1,)): the first global group held in rhs.
         Rows of groups outside [offset, offset + G_local) come out zero. Default 0.
       preferred_element_type: output dtype (float32, bfloat16, float16); default lhs.dtype.
@@ -173,29 +180,40 @@ def gmm(
         the gradient wrt lhs: for callers that never read them, such as an MoE layer whose expert
         block is sized for the worst case (writing its unused half cost ~3% of an EP 4 training
         step). The CPU path zeroes them either way.
+      precision: as ragged_dot's (None, a lax.Precision or its name, a pair, a DotAlgorithmPreset).
+        Every value computes the same: exact products of the input dtype accumulated in float32,
+        i.e. HIGHEST for float32 inputs, and for bfloat16/float16 inputs what every precision gives.
+      out_sharding: as ragged_dot's: the result's NamedSharding or PartitionSpec (explicit-sharding
+        meshes). Under an explicit mesh without it the result is sharded as dot_general would
+        infer (lhs's row axis, rhs's N axis); see sluice.ops.checks.
     Returns:
       [M, N]. Accumulation is always in float32.
+    Raises:
+      TypeError (sluice.ShapeError, also a ValueError) for shapes ragged_dot rejects; TypeError for
+      dtypes outside float32/bfloat16/float16 (float64 included: cast it first).
     """
-    lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
-    _check_common("gmm", lhs, group_sizes, group_offset, preferred_element_type)
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    group_sizes = _check_common(
+        "gmm", lhs, group_sizes, group_offset, preferred_element_type, precision
+    )
     want = "[G_local, N, K]" if transpose_rhs else "[G_local, K, N]"
     if rhs.ndim != 3:
-        raise ValueError(f"sluice.gmm: rhs must be 3-D {want}, got shape {rhs.shape}")
+        raise ShapeError(f"sluice.gmm: rhs must be 3-D {want}, got shape {rhs.shape}")
     if rhs.dtype != lhs.dtype:
         raise TypeError(f"sluice.gmm: rhs dtype {rhs.dtype} differs from lhs dtype {lhs.dtype}")
     k_rhs = rhs.shape[2] if transpose_rhs else rhs.shape[1]
     if k_rhs != lhs.shape[1]:
-        raise ValueError(
+        raise ShapeError(
             f"sluice.gmm: contraction dims differ: lhs {lhs.shape} has K={lhs.shape[1]}, "
             f"rhs {rhs.shape} {want} has K={k_rhs}"
         )
     if rhs.shape[0] > group_sizes.shape[0]:
-        raise ValueError(
+        raise ShapeError(
             f"sluice.gmm: rhs holds {rhs.shape[0]} groups but group_sizes has only "
             f"{group_sizes.shape[0]}"
         )
     if group_offset is None and rhs.shape[0] != group_sizes.shape[0]:
-        raise ValueError(
+        raise ShapeError(
             f"sluice.gmm: rhs holds {rhs.shape[0]} groups and group_sizes {group_sizes.shape[0]}; "
             "pass group_offset to compute a slice of the groups"
         )
@@ -204,10 +222,12 @@ def gmm(
             f"sluice.gmm: zero_unused_rows must be a bool, got {type(zero_unused_rows).__name__}"
         )
     out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
-    return _gmm(
-        lhs, rhs, group_sizes, _offset_array(group_offset), bool(transpose_rhs), out_dtype,
-        not zero_unused_rows,
-    )  # fmt: skip
+    args = checks.replicated(lhs, rhs, group_sizes, _offset_array(group_offset))
+    out = _gmm(*args, bool(transpose_rhs), out_dtype, not zero_unused_rows)
+    n_dim = 1 if transpose_rhs else 2
+    return checks.place(
+        out, out_sharding, (lhs, rhs), lambda: checks.inferred((lhs, 0), (rhs, n_dim))
+    )
 
 
 # ---- tgmm with its VJP -----------------------------------------------------------------------
@@ -234,23 +254,36 @@ _tgmm.defvjp(_tgmm_fwd, _tgmm_bwd)
 
 
 def tgmm(
-    lhs, rhs, group_sizes, *, group_offset=None, num_local_groups=None, preferred_element_type=None
+    lhs,
+    rhs,
+    group_sizes,
+    *,
+    group_offset=None,
+    num_local_groups=None,
+    preferred_element_type=None,
+    precision=None,
+    out_sharding=None,
 ):
-    """Weight-gradient grouped matmul: out[j] = lhs[rows of g]^T @ rhs[rows of g], g = offset + j.
+    """Weight-gradient grouped matmul: out[j] = lhs[rows of g]^T @ rhs[rows of g], g = offset + j
+    (ragged_dot_general's ragged-contraction mode).
 
     Args:
-      lhs: [M, K]; rhs: [M, N]; rows sorted by group.
-      group_sizes: int32 [G].
+      lhs: [M, K]; rhs: [M, N]; rows sorted by group (M may be symbolic, as in gmm).
+      group_sizes: [G], int32 or another integer dtype (as in gmm).
       group_offset, num_local_groups: compute only groups [offset, offset + num_local_groups)
         (default: all G groups, offset 0).
       preferred_element_type: output dtype; default lhs.dtype.
+      precision, out_sharding: as in gmm (under an explicit mesh the default keeps lhs's K and
+        rhs's N axes).
     Returns:
       [num_local_groups, K, N]; a group with no rows gives zeros.
     """
-    lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
-    _check_common("tgmm", lhs, group_sizes, group_offset, preferred_element_type)
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    group_sizes = _check_common(
+        "tgmm", lhs, group_sizes, group_offset, preferred_element_type, precision
+    )
     if rhs.ndim != 2 or rhs.shape[0] != lhs.shape[0]:
-        raise ValueError(
+        raise ShapeError(
             f"sluice.tgmm: rhs must be 2-D [M, N] with the {lhs.shape[0]} rows of lhs, "
             f"got shape {rhs.shape}"
         )
@@ -263,7 +296,11 @@ def tgmm(
             f"sluice.tgmm: num_local_groups must be in [0, {g}], got {num_local_groups}"
         )
     out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
-    return _tgmm(lhs, rhs, group_sizes, _offset_array(group_offset), num_local_groups, out_dtype)
+    args = checks.replicated(lhs, rhs, group_sizes, _offset_array(group_offset))
+    out = _tgmm(*args, num_local_groups, out_dtype)
+    return checks.place(
+        out, out_sharding, (lhs, rhs), lambda: checks.inferred(None, (lhs, 1), (rhs, 1))
+    )
 
 
 # ---- pure-jnp references ---------------------------------------------------------------------

@@ -23,7 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import checks
 from ._lib import register_targets
+from .checks import ShapeError
 from .vma import _vary_kw, match_vma
 
 register_targets({"sluice_swiglu": "sl_ffi_swiglu", "sluice_swiglu_bwd": "sl_ffi_swiglu_bwd"})
@@ -81,38 +83,38 @@ def _swiglu_w_bwd(skip, res, dact):
 _swiglu_w.defvjp(_swiglu_w_fwd, _swiglu_w_bwd)
 
 
-def swiglu(h, group_sizes=None, *, row_weights=None, zero_unused_rows=True):
+def swiglu(h, group_sizes=None, *, row_weights=None, zero_unused_rows=True, out_sharding=None):
     """silu(gate) * up of h [M, 2F] (gate = h[:, :F], up = h[:, F:]) over the first
     sum(group_sizes) rows (default: all M), each row times row_weights [M] where given (float32);
-    see the module docstring."""
+    see the module docstring. group_sizes takes any integer dtype and M may be symbolic, as in
+    sluice.gmm; out_sharding too (under an explicit mesh the default keeps h's row axis)."""
     h = jnp.asarray(h)
     if h.ndim != 2 or h.shape[1] % 2:
-        raise ValueError(f"sluice.swiglu: h must be 2-D [M, 2F], got shape {h.shape}")
-    if h.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
-        raise TypeError(f"sluice.swiglu: h must be float32, bfloat16 or float16, got {h.dtype}")
+        raise ShapeError(f"sluice.swiglu: h must be 2-D [M, 2F], got shape {h.shape}")
+    checks.check_float("swiglu", "h", h.dtype)
     if group_sizes is None:
-        group_sizes = jnp.full((1,), h.shape[0], jnp.int32)
-    group_sizes = jnp.asarray(group_sizes)
-    if group_sizes.ndim != 1 or group_sizes.shape[0] < 1:
-        raise ValueError(
-            f"sluice.swiglu: group_sizes must be 1-D [G], G >= 1, got shape {group_sizes.shape}"
-        )
-    if group_sizes.dtype != jnp.int32:
-        raise TypeError(f"sluice.swiglu: group_sizes must be int32, got {group_sizes.dtype}")
+        group_sizes = jnp.reshape(jnp.asarray(h.shape[0], jnp.int32), (1,))
+    group_sizes = checks.group_sizes_int32("swiglu", group_sizes, h.shape[0])
+    checks.check_group_count("swiglu", group_sizes)
+    if group_sizes.shape[0] < 1:
+        raise ShapeError("sluice.swiglu: group_sizes must be 1-D [G], G >= 1, got shape (0,)")
     if not isinstance(zero_unused_rows, (bool, np.bool_)):
         raise TypeError(
             f"sluice.swiglu: zero_unused_rows must be a bool, got {type(zero_unused_rows).__name__}"
         )
     if row_weights is None:
-        return _swiglu(h, group_sizes, not zero_unused_rows)
-    w = jnp.asarray(row_weights)
-    if w.shape != (h.shape[0],):
-        raise ValueError(
-            f"sluice.swiglu: row_weights must be [M] = [{h.shape[0]}], got shape {w.shape}"
-        )
-    if not jnp.issubdtype(w.dtype, jnp.floating):
-        raise TypeError(f"sluice.swiglu: row_weights must be floating, got {w.dtype}")
-    return _swiglu_w(h, group_sizes, w.astype(jnp.float32), not zero_unused_rows)
+        out = _swiglu(*checks.replicated(h, group_sizes), not zero_unused_rows)
+    else:
+        w = jnp.asarray(row_weights)
+        if w.shape != (h.shape[0],):
+            raise ShapeError(
+                f"sluice.swiglu: row_weights must be [M] = [{h.shape[0]}], got shape {w.shape}"
+            )
+        if not jnp.issubdtype(w.dtype, jnp.floating):
+            raise TypeError(f"sluice.swiglu: row_weights must be floating, got {w.dtype}")
+        args = checks.replicated(h, group_sizes, w.astype(jnp.float32))
+        out = _swiglu_w(*args, not zero_unused_rows)
+    return checks.place(out, out_sharding, (h,), lambda: checks.inferred((h, 0), None))
 
 
 def swiglu_reference(h, group_sizes=None, row_weights=None):
