@@ -40,7 +40,7 @@ out=${2:-$repo/bench/results/train-$mode-$(date -u +%Y%m%d-%H%M)}
 py=${PY:-python3}
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$repo/python"  # a PYTHONPATH given first wins
 mkdir -p "$out"
-common=(--no-progress --ep "${EP:-1}")
+common=(--no-progress --overwrite --ep "${EP:-1}")  # a path's run directory is made again
 [[ -n "${DEVICES:-}" ]] && common+=(--devices "$DEVICES")
 [[ -n "${DATA:-}" ]] && common+=(--data "$DATA")
 # shellcheck disable=SC2206

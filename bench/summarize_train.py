@@ -47,10 +47,10 @@ def tgs(out):
             continue
         with open(os.path.join(out, name, "config.json")) as f:
             cfg = json.load(f)
-        mfu = [r["mfu"] for r in train if r["mfu"] != "n/a"]
+        mfu = [r["mfu"] for r in train if r.get("mfu") not in (None, "n/a")]
         rows[name] = {
             "tgs": statistics.median(r["tgs"] for r in train),
-            "mfu": statistics.median(mfu) if mfu else "n/a",
+            "mfu": statistics.median(mfu) if mfu else None,
             "step_ms": 1e3 * statistics.median(r["step_time"] for r in train),
             "dropped": statistics.mean(r["dropped"] for r in train),
             "load_cv": statistics.median(r.get("load_cv", float("nan")) for r in train),
@@ -89,7 +89,7 @@ def tgs(out):
         if "error" in r:
             lines.append(f"| {name} | failed: {r['error']} | | | | | | | |")
             continue
-        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] != "n/a" else "n/a"
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
         lines.append(
             f"| {name} | {r['tgs']:.0f} | {mfu} | {r['step_ms']:.1f} | {r['dropped']:.4f} | "
             f"{r['load_cv']:.2f} | {r['peak_mem_gb']} | {r['compile_s']:.1f} | {r['moe_path']} |"

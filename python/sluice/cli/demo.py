@@ -3,7 +3,6 @@ speeds (forward, weight gradient, and a full grad), with GFLOP/s = 2*M*K*N / tim
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import jax
@@ -11,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import sluice
+
+from .usage import Parser, nonneg_int, positive_int
 
 
 def _time(f, *args, reps=5):
@@ -83,14 +84,14 @@ def run(m, k, n, g, dtype, seed, reps):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="sluice-demo", description=__doc__)
-    p.add_argument("--m", type=int, default=2048)
-    p.add_argument("--k", type=int, default=512)
-    p.add_argument("--n", type=int, default=768)
-    p.add_argument("--groups", type=int, default=16)
+    p = Parser(prog="sluice-demo", description=__doc__)
+    p.add_argument("--m", type=positive_int, default=2048)
+    p.add_argument("--k", type=positive_int, default=512)
+    p.add_argument("--n", type=positive_int, default=768)
+    p.add_argument("--groups", type=positive_int, default=16)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reps", type=positive_int, default=5)
+    p.add_argument("--seed", type=nonneg_int, default=0)
     a = p.parse_args(argv)
     dev = jax.devices()[0]
     print(

@@ -10,7 +10,6 @@ attention, collectives, copies, the rest of XLA's fusions) and the ops that took
 
 from __future__ import annotations
 
-import argparse
 import collections
 import glob
 import gzip
@@ -18,6 +17,8 @@ import json
 import os
 import re
 import sys
+
+from .usage import Parser, UsageError, command, positive_int
 
 # first match wins; matched against the kernel (GPU) or op (CPU) name, lower case
 CATEGORIES = (
@@ -43,7 +44,10 @@ def trace_file(trace_dir: str) -> str:
     """The newest ``*.trace.json.gz`` under trace_dir (jax.profiler's plugins/profile/<run>/)."""
     found = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
     if not found:
-        raise FileNotFoundError(f"sluice-profile: no *.trace.json.gz under {trace_dir}")
+        raise FileNotFoundError(
+            f"{trace_dir}: no *.trace.json.gz under it (expected the profile directory of "
+            "sluice-train --profile N, RUN_DIR/profile)"
+        )
     return max(found, key=os.path.getmtime)
 
 
@@ -172,13 +176,20 @@ def summarize(trace_dir: str, steps: int | None = None, top: int = 40) -> str:
     return "\n".join(lines) + "\n"
 
 
+@command("sluice-profile")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="sluice-profile", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="sluice-profile", description=__doc__.split("\n\n")[0])
     p.add_argument("trace_dir", help="the directory jax.profiler wrote (RUN_DIR/profile)")
-    p.add_argument("--steps", type=int, help="steps traced: figures per step")
-    p.add_argument("--top", type=int, default=40, help="ops listed")
+    p.add_argument("--steps", type=positive_int, help="steps traced: figures per step")
+    p.add_argument("--top", type=positive_int, default=40, help="ops listed")
     a = p.parse_args(argv)
-    sys.stdout.write(summarize(a.trace_dir, a.steps, a.top))
+    if not os.path.isdir(a.trace_dir):
+        p.error(f"argument trace_dir: {a.trace_dir} is not a directory")
+    try:
+        text = summarize(a.trace_dir, a.steps, a.top)
+    except FileNotFoundError as e:
+        raise UsageError(str(e).removeprefix("sluice-profile: ")) from None
+    sys.stdout.write(text)
     return 0
 
 

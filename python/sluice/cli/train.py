@@ -5,32 +5,42 @@
 Data and expert parallelism over every visible device (``--ep N`` experts split over N devices, the
 batch over all of them). Every ``--log-every`` steps one JSON line in ``OUT/metrics.jsonl``: loss,
 tokens/s per device (TGS), MFU (model FLOPs: 6 x active parameters x tokens + causal attention, over
-the device's dense bf16 peak; 'n/a' where the peak is unknown, e.g. CPUs), dropped-token fraction,
-per-expert load and its spread, peak device memory; validation loss every ``--eval-every`` steps
-(per token, and in bits per byte of text: comparable across tokenizers); an orbax checkpoint every
-``--ckpt-every`` steps (``--resume`` continues from the latest). Batches depend only on (seed, step),
-so a resumed run trains on the same data as an uninterrupted one. A token file of BPE tokens
-(``sluice-prepare-data --tokenizer bpe``) sets the model's vocabulary (rounded up to 64).
+the device's dense bf16 peak; null where the peak is unknown, e.g. CPUs), dropped-token fraction,
+per-expert load and its spread, peak device memory (``peak_mem_gb``, null where the device keeps no
+statistics, e.g. CPUs) and the process's peak resident set (``peak_host_mem_gb``); validation loss
+every ``--eval-every`` steps (per token, and in bits per byte of text: comparable across
+tokenizers); an orbax checkpoint every ``--ckpt-every`` steps. The run directory belongs to one run
+(``run_dir``): ``--resume`` continues it from its latest checkpoint, ``--overwrite`` starts again.
+Batches depend only on (seed, step), so a resumed run trains on the same data as an uninterrupted
+one. A token file of BPE tokens (``sluice-prepare-data --tokenizer bpe``) sets the model's
+vocabulary (rounded up to 64).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
 import os
+import resource
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+try:  # the train extra: a missing package is one line, not a traceback
+    import flax  # noqa: F401
+    import optax  # noqa: F401
+    import orbax.checkpoint  # noqa: F401
+    import tqdm  # noqa: F401
+except ImportError as e:
+    print(f"sluice-train: error: {e.name} is missing: pip install 'sluice[train]'", file=sys.stderr)
+    sys.exit(2)
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..nn.model import PRESETS, ModelConfig
-from ..nn.moe import IMPLS
 from ..training.data import TokenData
 from ..training.optim import make_optimizer
 from ..training.step import (
@@ -42,13 +52,18 @@ from ..training.step import (
     make_steps,
     shardings_for,
 )
+from . import run_dir
 from .profile import summarize as profile_summary
+from .train_args import build_config, parse_args, run_name
+from .usage import UsageError, command
+
+__all__ = ["build_config", "main", "parse_args", "run", "run_name"]
 
 BF16_PEAK = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "GH200": 989e12, "A100": 312e12}
 
 
 def peak_flops(device) -> float | None:
-    """Dense bf16 peak of one device, or None where unknown (CPUs: MFU is reported as 'n/a')."""
+    """Dense bf16 peak of one device, or None where unknown (CPUs: MFU is reported as null)."""
     if device.platform == "cpu":
         return None
     for name, peak in BF16_PEAK.items():
@@ -66,179 +81,10 @@ def peak_memory_bytes(devices) -> int | None:
     return max(peaks) if peaks else None
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        prog="sluice-train",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
-    p.add_argument(
-        "--moe-impl",
-        default="sluice",
-        choices=IMPLS,
-        help="sluice: dropless on sluice's kernels (default); ragged_dot: dropless on "
-        "jax.lax.ragged_dot; dense: capacity factor, drops",
-    )
-    p.add_argument("--capacity-factor", type=float, default=1.25, help="dense path only")
-    p.add_argument(
-        "--ep-rows-factor",
-        type=float,
-        help="sluice path over sluice.ep: bound the expert block's rows per rank to this multiple "
-        "of the balanced mean (default: the worst case, which grows with --ep); a step that would "
-        "drop a copy past the bound stops the run",
-    )
-    p.add_argument(
-        "--ep-sms",
-        type=int,
-        help="sluice path over sluice.ep: thread blocks (SMs) of its exchange kernels, 1-64 "
-        "(default: sluice.ep.setup's 64)",
-    )
-    p.add_argument(
-        "--no-sluice-dispatch",
-        action="store_true",
-        help="sluice path under --ep: exchange the tokens with jax.lax.ragged_all_to_all instead "
-        "of sluice.ep's dispatch/combine",
-    )
-    p.add_argument(
-        "--no-sluice-gmm", action="store_true", help="sluice path with jax.lax.ragged_dot matmuls"
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, help="total steps (default: the preset's)")
-    p.add_argument(
-        "--batch-size", type=int, help="global batch in sequences (default: the preset's)"
-    )
-    p.add_argument(
-        "--grad-accum",
-        type=int,
-        default=1,
-        metavar="N",
-        help="split each step's batch into N micro-batches whose gradients are summed (in float32) "
-        "before one optimizer update: the batch of N times the memory, and the update's cost "
-        "spread over N times the tokens",
-    )
-    p.add_argument("--seq-len", type=int, help="default: the preset's")
-    p.add_argument("--lr", type=float, help="peak learning rate (default: the preset's)")
-    p.add_argument("--warmup", type=int, help="warm-up steps (default: the preset's)")
-    p.add_argument("--ep", type=int, help="expert-parallel degree (default: the preset's)")
-    p.add_argument("--devices", type=int, help="use the first N devices (default: all)")
-    p.add_argument(
-        "--fsdp",
-        action="store_true",
-        help="also split the routed experts' weights and optimizer state over the data axis",
-    )
-    p.add_argument(
-        "--opt-state-dtype",
-        choices=("float32", "bfloat16"),
-        default="float32",
-        help="dtype of AdamW's two moments (bfloat16, as DeepSeek-V3 trains: a third less optimizer "
-        "traffic; the update is computed in float32)",
-    )
-    p.add_argument(
-        "--weight-copies",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="keep the weights the model multiplies in bf16 as bf16 copies, made by the optimizer's "
-        "update (fused with it) instead of cast in every forward pass; the same arithmetic. "
-        "--no-weight-copies: cast them where they are used",
-    )
-    p.add_argument("--n-layers", type=int, help="override the preset's layer count")
-    p.add_argument(
-        "--bias-update-rate",
-        type=float,
-        help="aux-loss-free balancing: the router bias's step per training step, 0 = off (default: "
-        "the preset's)",
-    )
-    p.add_argument(
-        "--aux-loss-coef",
-        type=float,
-        help="weight of the Switch-style load-balance loss, 0 = off (default: the preset's)",
-    )
-    p.add_argument(
-        "--shared-experts",
-        dest="num_shared_experts",
-        type=int,
-        help="shared experts (one SwiGLU of this many times d_ff every token passes), 0 = none "
-        "(default: the preset's)",
-    )
-    p.add_argument(
-        "--remat",
-        action="store_true",
-        help="recompute each block's activations in the backward pass (jax.checkpoint per block): "
-        "less memory, one more forward pass",
-    )
-    p.add_argument(
-        "--attention",
-        choices=("auto", "xla", "cudnn"),
-        default="auto",
-        help="jax.nn.dot_product_attention's implementation (auto: cuDNN's fused kernel on a GPU "
-        "for 16-bit activations, else XLA's)",
-    )
-    p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--eval-batches", type=int, default=8)
-    p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--ckpt-every", type=int, help="default: --eval-every; 0 = only at the end")
-    p.add_argument("--no-ckpt", action="store_true", help="write no checkpoint")
-    p.add_argument("--out", help="run directory (default: runs/PRESET-IMPL[-cfX]-sSEED)")
-    p.add_argument(
-        "--resume", action="store_true", help="continue from the latest checkpoint in --out"
-    )
-    p.add_argument(
-        "--data", help="token file from sluice-prepare-data (default: read the installed docs)"
-    )
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument(
-        "--profile",
-        type=int,
-        default=0,
-        metavar="N",
-        help="trace the N steps after the compiling one (or from --profile-from) with "
-        "jax.profiler into RUN_DIR/profile and write where their device time went to "
-        "RUN_DIR/profile/summary.txt (sluice-profile); those steps are left out of the logged TGS "
-        "and MFU",
-    )
-    p.add_argument(
-        "--profile-from",
-        type=int,
-        default=0,
-        metavar="STEP",
-        help="with --profile: trace from this step on (e.g. once the router is balanced)",
-    )
-    return p.parse_args(argv)
-
-
-def run_name(a) -> str:
-    impl = a.moe_impl + (f"-cf{a.capacity_factor:g}" if a.moe_impl == "dense" else "")
-    return f"{a.preset}-{impl}-s{a.seed}"
-
-
-def build_config(a) -> tuple[ModelConfig, dict]:
-    preset = PRESETS[a.preset]
-    cfg: ModelConfig = preset["model"]
-    moe = dataclasses.replace(
-        cfg.moe,
-        impl=a.moe_impl,
-        capacity_factor=a.capacity_factor,
-        use_sluice_gmm=not a.no_sluice_gmm,
-        use_sluice_dispatch=not a.no_sluice_dispatch,
-        fsdp=a.fsdp,
-        ep_rows_factor=a.ep_rows_factor,
-        ep_num_sms=a.ep_sms,
-    )
-    for k in ("bias_update_rate", "aux_loss_coef", "num_shared_experts"):
-        if getattr(a, k) is not None:
-            moe = dataclasses.replace(moe, **{k: getattr(a, k)})
-    cfg = dataclasses.replace(cfg, moe=moe, attention=a.attention, remat=a.remat)
-    if a.n_layers:
-        cfg = dataclasses.replace(
-            cfg, n_layers=a.n_layers, n_dense_layers=min(cfg.n_dense_layers, a.n_layers - 1)
-        )
-    hp = {
-        k: getattr(a, k) if getattr(a, k) is not None else preset[k]
-        for k in ("steps", "batch_size", "seq_len", "lr", "warmup", "ep")
-    }
-    hp["opt_state_dtype"] = a.opt_state_dtype
-    return cfg, hp
+def peak_host_memory_bytes() -> int:
+    """The process's peak resident set (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
 
 
 def load_stats(load: np.ndarray) -> dict:
@@ -251,10 +97,64 @@ def load_stats(load: np.ndarray) -> dict:
     }
 
 
+@command("sluice-train")
 def main(argv=None) -> int:
-    """The `sluice-train` console script: trains, prints a summary line, exits 0."""
+    """The `sluice-train` console script: trains, prints a summary line, exits 0; a user error is
+    one line and exit code 2."""
     run(argv)
     return 0
+
+
+def make_mesh_for(a, hp, cfg):
+    """The (data, expert) mesh of --devices and --ep; UsageError naming the flag where they do not
+    fit the machine, the experts or the batch."""
+    visible = jax.devices()
+    if a.devices and a.devices > len(visible):
+        hint = (
+            " (XLA_FLAGS=--xla_force_host_platform_device_count=N makes N CPU devices)"
+            if visible[0].platform == "cpu"
+            else ""
+        )
+        raise UsageError(
+            f"--devices {a.devices}: only {_count(len(visible), visible[0].platform + ' device')} "
+            f"visible{hint}"
+        )
+    n_dev, ep, experts = a.devices or len(visible), hp["ep"], cfg.moe.num_experts
+    which = "--ep" if a.ep else f"--preset {a.preset}'s --ep"
+    if n_dev % ep:
+        raise UsageError(f"{which} {ep}: expected a divisor of the {_count(n_dev, 'device')}")
+    if experts % ep:
+        raise UsageError(f"{which} {ep}: expected a divisor of the model's {experts} experts")
+    per = n_dev * a.grad_accum
+    if hp["batch_size"] % per:
+        raise UsageError(
+            f"--batch-size {hp['batch_size']}: expected a multiple of the {_count(n_dev, 'device')}"
+            + (f" times --grad-accum {a.grad_accum}" if a.grad_accum > 1 else "")
+        )
+    return make_mesh(ep, n_dev)
+
+
+def load_data(path):
+    """The token file (or the default corpus); UsageError where it is missing or not one."""
+    if path is not None and not os.path.isfile(path):
+        raise UsageError(
+            f"--data {path}: no such file (expected a token file from sluice-prepare-data)"
+        )
+    try:
+        return TokenData.load(path)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        raise UsageError(f"--data {e}" if path else str(e)) from None
+
+
+def check_profile(a, start, steps):
+    """The steps --profile traces (after the compiling one): [begin, end), or None."""
+    if not a.profile:
+        return None, None
+    begin = max(start + 1, a.profile_from)
+    end = min(begin + a.profile, steps)
+    if begin >= end:
+        raise UsageError(f"--profile {a.profile} from step {begin}: the run ends at step {steps}")
+    return begin, end
 
 
 def run(argv=None) -> dict:
@@ -262,37 +162,41 @@ def run(argv=None) -> dict:
     a = parse_args(argv)
     cfg, hp = build_config(a)
     out = os.path.abspath(a.out or os.path.join("runs", run_name(a)))
-    os.makedirs(out, exist_ok=True)
-    try:
-        mesh = make_mesh(hp["ep"], a.devices)
-    except ValueError as e:
-        raise SystemExit(f"--ep {hp['ep']}: {e}") from None
+    if a.resume and a.no_ckpt:
+        raise UsageError("--resume reads the run's checkpoints: leave out --no-ckpt")
+    # every check before the run directory changes (--overwrite deletes the run there)
+    start = run_dir.start_step(out, a.resume, a.overwrite)
+    profile_start, profile_end = check_profile(a, start, hp["steps"])
+    mesh = make_mesh_for(a, hp, cfg)
     devices = list(mesh.devices.flat)
-    n_dev = len(devices)
-    accum = a.grad_accum
-    if accum < 1:
-        raise SystemExit(f"--grad-accum {accum}: expected a positive number of micro-batches")
-    if hp["batch_size"] % (n_dev * accum):
-        raise SystemExit(
-            f"--batch-size {hp['batch_size']} is not divisible by the {n_dev} devices"
-            + (f" times --grad-accum {accum}" if accum > 1 else "")
-        )
-    data = TokenData.load(a.data)
+    n_dev, accum = len(devices), a.grad_accum
+    data = load_data(a.data)
     if data.vocab_size > cfg.vocab_size:  # a BPE token file: the model's vocabulary from it
         cfg = dataclasses.replace(cfg, vocab_size=-(-data.vocab_size // 64) * 64)
     bsz, seq = hp["batch_size"], hp["seq_len"]
+    if len(data.train) <= seq + 1:
+        raise UsageError(f"--seq-len {seq}: longer than the {len(data.train)} training tokens")
     val = []
     if a.eval_every:
         # as many of --eval-batches as the validation stream holds (a large batch can outgrow it)
         fit = len(data.val) // (bsz * (seq + 1))
-        if 0 < fit < a.eval_batches:
+        if not fit:
+            raise UsageError(
+                f"--eval-every {a.eval_every}: the {len(data.val)} validation tokens hold no batch "
+                f"of --batch-size {bsz} x --seq-len {seq} (+1); a smaller batch, or --eval-every 0"
+            )
+        if fit < a.eval_batches:
             print(
                 f"sluice-train: evaluating on {fit} batches, all the validation stream holds",
                 file=sys.stderr,
             )
-        val = data.val_batches(min(a.eval_batches, max(fit, 1)), bsz, seq)
+        val = data.val_batches(min(a.eval_batches, fit), bsz, seq)
         # val_bpb = val_loss / this: bits per byte of text, comparable across tokenizers
         ln2_bytes_per_token = math.log(2) * data.bytes_per_token([b[:, 1:] for b in val])
+    run_id = run_dir.identity(a, cfg, hp, data)
+    if a.resume:
+        run_dir.check_resume(out, run_id)
+    run_dir.prepare(out, a.overwrite)
 
     opt, schedule = make_optimizer(hp)
     graphdef, state, state_sh, moe_path = init_state(cfg, opt, mesh, a.seed)
@@ -326,37 +230,23 @@ def run(argv=None) -> dict:
     )
     eval_step = jax.jit(eval_step, in_shardings=(sh[0], sh[1], batch_sh, copies_sh))
 
-    ckpt = None
-    if not a.no_ckpt:
-        import orbax.checkpoint as ocp
-
-        ckpt = ocp.CheckpointManager(
-            os.path.join(out, "ckpt"),
-            options=ocp.CheckpointManagerOptions(
-                max_to_keep=2, create=True, enable_async_checkpointing=False
-            ),
-        )
-    start, train_time = 0, 0.0
-    metrics_path = os.path.join(out, "metrics.jsonl")
+    ckpt = None if a.no_ckpt else run_dir.checkpoints(out)
+    train_time = 0.0
+    metrics_path = os.path.join(out, run_dir.METRICS)
     if a.resume:
-        if ckpt is None or ckpt.latest_step() is None:
-            raise SystemExit(f"--resume: no checkpoint under {out}/ckpt")
         import orbax.checkpoint as ocp
 
-        start = ckpt.latest_step()
         abstract = jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, state_sh
         )
         state = ckpt.restore(start, args=ocp.args.StandardRestore(abstract))
-        train_time = _last_train_time(metrics_path, start)
-        _truncate_metrics(metrics_path, start)
+        train_time = run_dir.rewind_metrics(out, start)
         print(f"resumed from step {start} of {out}/ckpt", file=sys.stderr)
-    elif os.path.exists(metrics_path):
-        os.remove(metrics_path)
 
     peak = peak_flops(devices[0])
     flops_tok = cfg.flops_per_token(seq)
     info = {
+        "run": run_id,
         "args": vars(a),
         "hp": hp,
         "model": _jsonable(dataclasses.asdict(cfg)),
@@ -369,8 +259,7 @@ def run(argv=None) -> dict:
         "moe_path": moe_path,
         "jax": jax.__version__,
     }
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(info, f, indent=1)
+    run_dir.write_config(out, info)
     print(
         f"{run_name(a)}: {cfg.total_params() / 1e6:.1f}M params "
         f"({cfg.active_params() / 1e6:.1f}M active), "
@@ -433,15 +322,7 @@ def run(argv=None) -> dict:
         if bar:
             bar.update(1)
     window_start, window_steps = time.perf_counter(), 0
-    profile_start = profile_end = None
-    if a.profile > 0:
-        profile_start = max(step, a.profile_from)
-        profile_end = min(profile_start + a.profile, hp["steps"])
-        if profile_start >= profile_end:
-            raise SystemExit(
-                f"--profile {a.profile} from step {profile_start}: the run ends at step {hp['steps']}"
-            )
-    prof_dir = os.path.join(out, "profile")
+    prof_dir = os.path.join(out, run_dir.PROFILE)
     profiling = False
     while step < hp["steps"]:
         if step == profile_start:
@@ -499,8 +380,9 @@ def run(argv=None) -> dict:
                 **load_stats(np.asarray(m["load"])),
                 "step_time": dt / window_steps,
                 "tgs": tokens / dt / n_dev,
-                "mfu": flops_tok * tokens / dt / (peak * n_dev) if peak else "n/a",
+                "mfu": flops_tok * tokens / dt / (peak * n_dev) if peak else None,
                 "peak_mem_gb": _gb(peak_memory_bytes(devices)),
+                "peak_host_mem_gb": _gb(peak_host_memory_bytes()),
                 "train_time": train_time,
                 "load": np.asarray(m["load"]).astype(int).tolist(),
             }
@@ -537,6 +419,10 @@ def ocp_save(state):
     return ocp.args.StandardSave(state)
 
 
+def _count(n, noun):
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _gb(b):
     return None if b is None else round(b / 2**30, 3)
 
@@ -547,25 +433,6 @@ def _jsonable(obj):
     if isinstance(obj, (int, float, str, bool)) or obj is None:
         return obj
     return str(obj)
-
-
-def _read_metrics(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def _last_train_time(path, step) -> float:
-    recs = [r for r in _read_metrics(path) if r.get("kind") == "train" and r["step"] <= step]
-    return recs[-1]["train_time"] if recs else 0.0
-
-
-def _truncate_metrics(path, step):
-    """Drop records past the checkpoint we resume from (they will be produced again)."""
-    recs = [r for r in _read_metrics(path) if r["step"] <= step]
-    with open(path, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in recs)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from __future__ import annotations
 import glob
 import gzip
 import os
+import zipfile
 import zlib
 from collections.abc import Iterator
 
@@ -39,6 +40,10 @@ MAX_VOCAB = 1 << 16  # tokens are stored as uint16
 VAL_MODULUS = 20
 SOURCE_GLOB = "/usr/share/doc/python3.*/html/_sources"
 APT_HINT = "apt-get install -y python3-doc  (Debian 12: python3.11-doc)"
+BPE_EXTRA = (
+    "--tokenizer bpe needs Hugging Face tokenizers, sluice's bpe extra: pip install 'sluice[bpe]' "
+    "(or pip install tokenizers)"
+)
 
 
 def encode(text: str) -> np.ndarray:
@@ -155,10 +160,8 @@ def train_bpe(texts: list[str], vocab_size: int):
     the 256 bytes, BPE_EOS (id 0) and the merges."""
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    except ImportError as e:
-        raise SystemExit(
-            "sluice-prepare-data --tokenizer bpe needs Hugging Face tokenizers: pip install tokenizers"
-        ) from e
+    except ImportError:
+        raise ImportError(BPE_EXTRA) from None
     if not 258 <= vocab_size <= MAX_VOCAB:
         raise ValueError(
             f"--vocab-size {vocab_size}: expected 258 to {MAX_VOCAB} (the 256 bytes and {BPE_EOS} "
@@ -239,9 +242,20 @@ class TokenData:
 
     @classmethod
     def load(cls, path: str | None = None) -> TokenData:
+        """The token file at `path` (ValueError where it is not one), or the default corpus read
+        from its Debian package (FileNotFoundError naming the package where it is missing)."""
         if path is None:
             return cls(**build_corpus())
+        if not zipfile.is_zipfile(path):
+            raise ValueError(
+                f"{path}: not a token file (expected an .npz from sluice-prepare-data)"
+            )
         with np.load(path) as f:
+            if not {"train", "val"} <= set(f.files):
+                raise ValueError(
+                    f"{path}: not a token file (an .npz without the train and val arrays of "
+                    "sluice-prepare-data's)"
+                )
             if "tokenizer" in f:
                 return cls(
                     f["train"],
@@ -252,10 +266,19 @@ class TokenData:
                 )
             return cls(f["train"], f["val"])
 
+    def fingerprint(self) -> str:
+        """The tokens in a few words (their counts, vocabulary and CRC-32): a resumed run checks it
+        reads the tokens it started on."""
+        crc = zlib.crc32(self.val.tobytes(), zlib.crc32(self.train.tobytes()))
+        return f"{len(self.train)}+{len(self.val)} tokens of {self.vocab_size} (crc32 {crc:08x})"
+
     def decode(self, tokens) -> str:
         if self.tokenizer is None:
             return decode(tokens)
-        from tokenizers import Tokenizer  # only here: training needs no tokenizers package
+        try:  # only here: training needs no tokenizers package
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ImportError(BPE_EXTRA) from None
 
         return Tokenizer.from_str(self.tokenizer).decode([int(t) for t in tokens])
 

@@ -49,5 +49,7 @@ def test_profile_traces_steps_and_leaves_them_out_of_the_log(tmp_path):
     assert [r["step"] for r in records(out, "train")] == [2, 3, 6]
     with open(os.path.join(out, "profile", "summary.txt")) as f:
         assert "(2 steps)" in f.read()
-    with pytest.raises(SystemExit, match="--profile 2 from step 7: the run ends at step 6"):
-        train.main(flags.replace("-from 3", "-from 7").split() + ["--data", corpus, "--out", out])
+    with pytest.raises(train.UsageError, match="--profile 2 from step 7: the run ends at step 6"):
+        train.run(
+            flags.replace("-from 3", "-from 7").split() + ["--data", corpus, "--out", out + "2"]
+        )

@@ -82,7 +82,9 @@ def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp, states, accum)
     evals = records(out, "eval")
     assert [r["step"] for r in evals] == [4, 8] and evals[1]["val_loss"] < evals[0]["val_loss"]
     for r in steps:
-        assert r["dropped"] == 0.0 and r["tgs"] > 0 and r["mfu"] == "n/a"
+        assert r["dropped"] == 0.0 and r["tgs"] > 0
+        # CPUs: no peak FLOP/s nor device memory statistics; the process's peak resident set
+        assert r["mfu"] is None and r["peak_mem_gb"] is None and r["peak_host_mem_gb"] > 0.05
         assert np.asarray(r["load"]).shape == (1, 16) and sum(r["load"][0]) == 8 * 64 * 4
 
     resumed = str(tmp_path / "resumed")
@@ -116,16 +118,6 @@ def test_training_lowers_loss_and_resumes_exactly(tmp_path, fsdp, states, accum)
         g.write(f.read())
     os.remove(metrics)
     assert plot.read_run(resumed) == plain and plain["eval"]
-
-
-def test_grad_accum_must_divide_each_devices_rows(tmp_path):
-    from sluice.cli import train
-
-    argv = ["--preset", "tiny", "--batch-size", "8", "--devices", "4", "--out", str(tmp_path)]
-    with pytest.raises(SystemExit, match="not divisible by the 4 devices times --grad-accum 3"):
-        train.main(argv + ["--grad-accum", "3"])
-    with pytest.raises(SystemExit, match="--grad-accum 0: expected a positive number"):
-        train.main(argv + ["--grad-accum", "0"])
 
 
 def test_training_fits_evaluation_to_the_validation_stream(tmp_path, capsys):
@@ -230,8 +222,8 @@ def test_router_and_shared_expert_flags_override_the_preset():
     cfg, _ = train.build_config(train.parse_args(argv + ["--shared-experts", "0"]))
     assert cfg.moe.bias_update_rate == 0.0 and cfg.moe.aux_loss_coef == 0.003
     assert small.num_shared_experts == 1 and cfg.moe.num_shared_experts == 0
-    with pytest.raises(ValueError, match="num_shared_experts must be >= 0"):
-        train.build_config(train.parse_args(["--preset", "small", "--shared-experts", "-1"]))
+    with pytest.raises(SystemExit):  # (test_errors: the flags' ranges)
+        train.parse_args(["--preset", "small", "--shared-experts", "-1"])
     assert cfg.active_params() == PRESETS["small"]["model"].active_params() - 3 * 512 * 256 * 7
     tiny, _ = train.build_config(train.parse_args(["--preset", "tiny"]))
     assert tiny.moe.aux_loss_coef == PRESETS["tiny"]["model"].moe.aux_loss_coef > 0
