@@ -35,6 +35,8 @@ import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+from shapes import EP_WORKLOADS
 
 
 def workload(small, override=None):
@@ -43,9 +45,7 @@ def workload(small, override=None):
     if override:
         t, h, k, e = (int(v) for v in override.split(","))
         return {"t": t, "h": h, "k": k, "e": e}
-    if small:
-        return {"t": 256, "h": 512, "k": 8, "e": 32}
-    return {"t": 4096, "h": 7168, "k": 8, "e": 256}
+    return dict(EP_WORKLOADS["small" if small else "deepep"])
 
 
 def routing(r, t, k, e, seed=0):

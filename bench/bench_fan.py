@@ -23,15 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from bench_gmm import time_cuda
+from shapes import FAN_WORKLOADS  # tests/shapes.py (bench_gmm puts tests/ on the path)
 from sluice.ops.capi import EpFanDesc as FanDesc
 
-# name: (N received rows, k slots, L local experts, H hidden)
-WORKLOADS = {
-    "dsv3-proxy (1 GPU)": (32768, 8, 256, 1024),
-    "dsv3-proxy-ep4 rank (worst-case N = 4T)": (131072, 8, 64, 1024),
-    "dsv3 rank of EP8": (16384, 8, 32, 7168),
-    "mixtral": (16384, 2, 8, 4096),
-}
 BF16 = 1
 vp = ctypes.c_void_p
 
@@ -211,7 +205,7 @@ def main():
         "libs": {k: os.path.abspath(v.partition("=")[2]) for k, v in zip(libs, args.lib)},
         "workloads": {},
     }
-    for wname, (n, k, l, h) in WORKLOADS.items():
+    for wname, (n, k, l, h) in FAN_WORKLOADS.items():
         rows, errors = run_workload(torch, libs, n, k, l, h, args.iters)
         res["workloads"][wname] = {"N": n, "k": k, "L": l, "H": h, "rows": rows, "errors": errors}
         print(wname, "errors:", errors or "none", flush=True)

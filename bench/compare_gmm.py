@@ -25,13 +25,20 @@ def ratios(rows):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--new", nargs="+", required=True, help="torch-part JSON of the build under test")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--new", nargs="+", required=True, help="torch-part JSON of the build under test"
+    )
     p.add_argument("--base", nargs="+", required=True, help="torch-part JSON of the baseline build")
     p.add_argument("--md", required=True)
     a = p.parse_args()
     runs = [("new", f, load(f)) for f in a.new] + [("base", f, load(f)) for f in a.base]
-    lines = ["| run | build | gmm/torch median (min) | tgmm/torch median (min) |", "| --- | --- | --- | --- |"]
+    lines = [
+        "| run | build | gmm/torch median (min) | tgmm/torch median (min) |",
+        "| --- | --- | --- | --- |",
+    ]
     for side, f, rows in runs:
         g, t = ratios(rows)
         lines.append(
@@ -61,8 +68,11 @@ def main():
                 f"| {tn[c]:.1f} | {tb[c]:.1f} | {tn[c] / tb[c]:.3f} |"
             )
     if rel:
-        lines += ["", f"new/base over every case and op: median {statistics.median(rel):.3f}, "
-                  f"min {min(rel):.3f}, max {max(rel):.3f}"]
+        summary = (
+            f"new/base over every case and op: median {statistics.median(rel):.3f}, "
+            f"min {min(rel):.3f}, max {max(rel):.3f}"
+        )
+        lines += ["", summary]
     with open(a.md, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

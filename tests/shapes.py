@@ -66,6 +66,23 @@ SWIGLU_BLOCKS: dict[str, tuple[int, int, int, int]] = {
 }
 
 
+# Expert-parallel exchange workloads per rank: T tokens of hidden H, top-k of E experts (bench_ep.py).
+# "deepep" is DeepEP's published workload; "small" a smoke test that also runs on CPU devices.
+EP_WORKLOADS: dict[str, dict[str, int]] = {
+    "deepep": {"t": 4096, "h": 7168, "k": 8, "e": 256},
+    "small": {"t": 256, "h": 512, "k": 8, "e": 32},
+}
+
+# The local fan-out / fan-in on one rank: (N received rows, k slots, L local experts, H hidden)
+# (bench_fan.py).
+FAN_WORKLOADS: dict[str, tuple[int, int, int, int]] = {
+    "dsv3-proxy (1 GPU)": (32768, 8, 256, 1024),
+    "dsv3-proxy-ep4 rank (worst-case N = 4T)": (131072, 8, 64, 1024),
+    "dsv3 rank of EP8": (16384, 8, 32, 7168),
+    "mixtral": (16384, 2, 8, 4096),
+}
+
+
 def select_shapes(spec: str | None) -> tuple[Shape, ...]:
     """Shapes by a comma-separated list of names, "bench" (SHAPES, the default) or "fine"."""
     if not spec or spec == "bench":

@@ -51,9 +51,9 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from ..ops import ep
-from ..ops.vma import match_vma
 from ..ops.gmm import gmm as sluice_gmm
 from ..ops.swiglu import swiglu as sluice_swiglu
+from ..ops.vma import match_vma
 
 IMPLS = ("dense", "ragged_dot", "sluice")
 

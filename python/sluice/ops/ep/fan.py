@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._lib import register_targets
-from ..vma import _vary_kw, match_vma
 from ..capi import fan_workspace_bytes
+from ..vma import _vary_kw, match_vma
 from ._common import FLOATS as _FLOATS
 from ._common import check_float as _check_float
 from ._common import sds as _sds
