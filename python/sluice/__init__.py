@@ -6,13 +6,15 @@ sluice.ragged_dot ...       jax.lax.ragged_dot / ragged_dot_general's exact sign
 sluice.export_disabled_checks()   what jax.export needs to serialize programs that call sluice
 sluice.swiglu               an expert block's SwiGLU activation over its groups' rows only
 sluice.ep                   expert-parallel dispatch / combine and the local fan-out / fan-in
+sluice.fp8                  FP8 (e4m3) block quantization with DeepSeek-V3's scale layouts, and
+                            float32 references of the FP8 grouped GEMMs (the kernels come next)
 
 The package's folders: ops/ (the library, its FFI targets and one differentiable function per op),
 nn/ (the MoE layer and the decoder LM, built from the ops), training/ (the corpus, the optimizer and
 the training step) and cli/ (the sluice-* commands).
 """
 
-from .ops import ep
+from .ops import ep, fp8
 from .ops._lib import export_disabled_checks, has_cuda
 from .ops.checks import ShapeError
 from .ops.gmm import gmm, gmm_reference, tgmm, tgmm_reference
@@ -26,6 +28,7 @@ __all__ = [
     "__version__",
     "ep",
     "export_disabled_checks",
+    "fp8",
     "gmm",
     "gmm_reference",
     "has_cuda",

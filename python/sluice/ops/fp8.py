@@ -1,0 +1,319 @@
+"""FP8 with DeepSeek-V3's fine-grained scaling: block quantization to float8_e4m3fn, its inverse, and
+pure-jnp references of the FP8 grouped GEMMs, which define what the FP8 kernels compute.
+
+Quantization (`quantize`, over the last two dims; leading dims are batch, so jit and vmap apply):
+  A block of `block = (rows, cols)` elements shares one float32 scale. For each block:
+    amax  = max |x| over the block (x read as float32)
+    scale = max(amax * RCP_MAX, 2**-126)                  RCP_MAX = float32(1 / 448),
+                                                           448 = E4M3_MAX, 2**-126 = SCALE_MIN
+            power_of_two=True: the smallest power of two p >= SCALE_MIN with 448 * p >= amax
+    q     = e4m3(clip(x / scale, -448, 448))               x / scale: an IEEE float32 division
+                                                           (not a reciprocal's product); e4m3():
+                                                           round to nearest, ties to even
+  and dequantize(q, scale) = float32(q) * scale. Consequences:
+  - |x - dequantize(q)| <= 2**-4 * max(|x|, 2**-6 * scale) (3 mantissa bits; below 2**-6 * scale
+    the element falls in e4m3's subnormals), plus float32 rounding (~2**-24 relative) in x / scale
+    and q * scale. With power_of_two=True, x / scale and q * scale are exact: an x whose x / scale
+    is an e4m3 value comes back bit for bit, and no element saturates (448 * scale >= amax).
+    Without it the block's amax maps to 448 (up to float32 rounding, then clipped), and one element
+    may saturate by that rounding alone. With it, |x| >= 2**128 * (1 - 2**-5) (~3.3e38) rounds to
+    256 * 2**120 and dequantizes to inf (the scale itself stays finite).
+  - A zero block gets scale SCALE_MIN and q = 0. The floor keeps every scale a normal float32 so
+    the division is safe: blocks with amax < 448 * 2**-126 (~5.2e-36) are quantized against it.
+    float32 subnormal inputs read as zero (XLA:CPU and the GPU kernels flush them).
+  - A block holding inf or NaN gets scale NaN and q NaN throughout (e4m3fn has no inf), so it
+    dequantizes to NaN and poisons whatever it reaches instead of turning into finite garbage.
+  - Partial blocks: when a dim is not a multiple of the block, its last block is shorter; the scale
+    is over the elements present. Scale shapes round up: [..., ceil(R / rows), ceil(C / cols)].
+  - valid_rows (a device scalar, optional): rows at or past it are read as zero, so they neither
+    enter a block's amax nor come out nonzero (an expert block's unused rows may hold anything).
+    A batched `quantize` (leading dims) takes one valid_rows for all; vmap for one each.
+
+Scale layouts of the three expert matmuls (BLOCK = 128; every scale is along the contracted dim):
+  forward    y  = gmm(x, w):          x [M, K] by ACT (1x128)   -> scale [M, ceil(K/128)]
+                                      w [G, K, N] by WEIGHT (128x128) -> [G, ceil(K/128), ceil(N/128)]
+  input grad dx = gmm(dy, w, transpose_rhs=True): dy [M, N] by ACT -> [M, ceil(N/128)]; w and its
+                                      scale as in the forward (a 128x128 block serves both
+                                      contractions, so the weights are quantized once)
+  weight grad dw = tgmm(x, dy):       x [M, K] and dy [M, N] by ACT_T (128x1), along the rows
+                                      -> [ceil(M/128), K] and [ceil(M/128), N]
+  The weight-gradient blocks are absolute 128-row blocks [128 b, 128 b + 128) of the whole [M, .]
+  operand, regardless of groups: a block that straddles a group edge has one scale per column for
+  the rows of both groups, so a group of small values beside one of large values is quantized
+  against the larger amax (fewer significant bits, down to e4m3's subnormals; with valid_rows, the
+  rows past the groups' end never raise it). The kernel splits a group's contraction at these
+  block edges (its first and last pieces may be partial) and scales each piece's partial sum by
+  the block's two scale vectors (an outer product). Per-group blocks would isolate groups but make
+  the layout depend on the device's group sizes (ceil(M/128) + G worst-case blocks); padding each
+  group to a multiple of 128 rows would avoid the question, and sluice does not pad groups.
+
+FP8 grouped GEMMs (`gmm_fp8_reference`, `tgmm_fp8_reference`): the operands dequantized to float32
+per block, then gmm_reference / tgmm_reference in float32 (exact products, float32 accumulation,
+ragged_dot's semantics: rows past sum(group_sizes) and empty groups give zeros), output bfloat16
+by default. This is the float32 ideal a kernel approaches: a kernel multiplies e4m3 values on the
+tensor cores and, as DeepSeek-V3 does, promotes each 128-long partial sum along the contraction to
+float32, scaled by the two blocks' scales; it differs from the reference by float32 rounding only
+(plus whatever its FP8 accumulator loses inside one 128-long piece).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from .checks import ShapeError
+from .gmm import gmm_reference, tgmm_reference
+
+E4M3 = jnp.dtype(jnp.float8_e4m3fn)
+E4M3_MAX = 448.0
+SCALE_MIN = 2.0**-126  # the smallest normal float32
+# The scale is amax times float32(1/448), a product: XLA rewrites a division by a constant into one
+# anyway, and a kernel computes the same bits with one multiply.
+RCP_MAX = float(np.float32(1.0 / E4M3_MAX))
+BLOCK = 128
+ACT = (1, BLOCK)  # activations, contracted along their last dim (gmm's lhs)
+ACT_T = (BLOCK, 1)  # operands contracted along their rows (tgmm's lhs and rhs)
+WEIGHT = (BLOCK, BLOCK)  # expert weights [G, K, N], either orientation
+
+__all__ = [
+    "ACT",
+    "ACT_T",
+    "BLOCK",
+    "E4M3",
+    "E4M3_MAX",
+    "RCP_MAX",
+    "SCALE_MIN",
+    "WEIGHT",
+    "dequantize",
+    "gmm_fp8_reference",
+    "quantize",
+    "quantize_act",
+    "quantize_weight",
+    "scale_shape",
+    "tgmm_fp8_reference",
+]
+
+
+def _block(op, block):
+    try:
+        br, bc = (int(b) for b in block)
+    except (TypeError, ValueError):
+        raise TypeError(f"sluice.fp8.{op}: block must be a pair of ints, got {block!r}") from None
+    if br < 1 or bc < 1:
+        raise ValueError(f"sluice.fp8.{op}: block sizes must be positive, got {block!r}")
+    return br, bc
+
+
+def scale_shape(shape, block):
+    """The scale's shape for an operand of `shape` quantized by `block` over its last two dims."""
+    br, bc = _block("scale_shape", block)
+    if len(shape) < 2:
+        raise ShapeError(f"sluice.fp8: operands must be at least 2-D, got shape {tuple(shape)}")
+    *lead, r, c = shape
+    return (*lead, math.ceil(r / br), math.ceil(c / bc))
+
+
+def _blocked(x, br, bc):
+    """x [..., R, C] zero-padded and reshaped to [..., R/br, br, C/bc, bc]."""
+    *lead, r, c = x.shape
+    pad = [(0, 0)] * len(lead) + [(0, -r % br), (0, -c % bc)]
+    xp = jnp.pad(x, pad)
+    return xp.reshape(*lead, xp.shape[-2] // br, br, xp.shape[-1] // bc, bc)
+
+
+def _unblocked(xb, r, c):
+    *lead, nr, br, nc, bc = xb.shape
+    return xb.reshape(*lead, nr * br, nc * bc)[..., :r, :c]
+
+
+def _pow2_ceil(s, amax):
+    """The smallest power of two p >= SCALE_MIN with 448 * p >= amax, from s = scale (a normal
+    float32 within float32 rounding of amax / 448, at least SCALE_MIN)."""
+    m, e = jnp.frexp(s)  # s = m * 2**e, m in [0.5, 1)
+    p = jnp.ldexp(jnp.ones_like(s), jnp.where(m == 0.5, e - 1, e))  # the power of two >= s
+    # s is rounded, so p may be off by one factor of two either way near a power of two.
+    p = jnp.where(E4M3_MAX * p < amax, 2 * p, p)
+    half = 0.5 * p
+    return jnp.where((E4M3_MAX * half >= amax) & (half >= SCALE_MIN), half, p)
+
+
+def quantize(x, block, *, power_of_two=False, valid_rows=None):
+    """Quantizes x [..., R, C] to e4m3 in blocks of `block` = (rows, cols) over the last two dims.
+
+    Args:
+      x: float32, bfloat16 or float16, at least 2-D; leading dims are batch dims.
+      block: (rows, cols), e.g. ACT (1, 128), ACT_T (128, 1), WEIGHT (128, 128).
+      power_of_two: round each scale up to a power of two (exact dequantization, no saturation).
+      valid_rows: optional int scalar (may live on the device): rows >= valid_rows read as zero.
+    Returns:
+      (q, scale): q float8_e4m3fn [..., R, C], scale float32 [..., ceil(R/rows), ceil(C/cols)].
+      The rules (zero, tiny, inf/NaN and partial blocks) are in the module docstring.
+    """
+    br, bc = _block("quantize", block)
+    x = jnp.asarray(x)
+    if x.ndim < 2:
+        raise ShapeError(f"sluice.fp8.quantize: x must be at least 2-D, got shape {x.shape}")
+    if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+        raise TypeError(
+            f"sluice.fp8.quantize: x must be float32, bfloat16 or float16, got {x.dtype}"
+        )
+    *_, r, c = x.shape
+    x = x.astype(jnp.float32)
+    if valid_rows is not None:
+        keep = jnp.arange(r) < jnp.asarray(valid_rows, jnp.int32)
+        x = jnp.where(keep[:, None], x, 0.0)
+    xb = _blocked(x, br, bc)
+    amax = jnp.max(jnp.abs(xb), axis=(-3, -1))  # NaN propagates; the zero padding never wins
+    scale = jnp.maximum(amax * jnp.float32(RCP_MAX), SCALE_MIN)
+    if power_of_two:
+        scale = _pow2_ceil(scale, amax)
+    scale = jnp.where(jnp.isfinite(amax), scale, jnp.nan)
+    y = xb / scale[..., :, None, :, None]
+    q = jnp.clip(y, -E4M3_MAX, E4M3_MAX).astype(E4M3)  # XLA's convert rounds to nearest even
+    return _unblocked(q, r, c), scale
+
+
+def quantize_act(x, *, axis=-1, power_of_two=False, valid_rows=None):
+    """Activations x [..., M, K] quantized along the dim a matmul contracts.
+
+    axis=-1 (the last dim, gmm's lhs): ACT blocks (1x128), scale [..., M, ceil(K/128)].
+    axis=-2 (the rows, tgmm's operands): ACT_T blocks (128x1), scale [..., ceil(M/128), K].
+    For a 2-D x, axis 1 and 0 name the same dims. power_of_two, valid_rows: as in `quantize`.
+    """
+    nd = jnp.ndim(x)
+    if nd < 2 or axis not in (-1, -2, nd - 1, nd - 2):
+        raise ValueError(
+            f"sluice.fp8.quantize_act: axis must name one of the last two dims of a "
+            f"{nd}-D operand, got {axis}"
+        )
+    block = ACT if axis in (-1, nd - 1) else ACT_T
+    return quantize(x, block, power_of_two=power_of_two, valid_rows=valid_rows)
+
+
+def quantize_weight(w, *, power_of_two=False):
+    """Expert weights w [..., K, N] (e.g. [G, K, N]) in WEIGHT blocks (128x128): scale
+    [..., ceil(K/128), ceil(N/128)]. The same q and scale serve gmm (contracting K) and, with
+    transpose_rhs=True, the input gradient (contracting N)."""
+    return quantize(w, WEIGHT, power_of_two=power_of_two)
+
+
+def _expand(scale, block, r, c):
+    """scale [..., nr, nc] repeated over its blocks and cut to [..., r, c]."""
+    br, bc = block
+    s = jnp.repeat(jnp.repeat(scale, br, axis=-2), bc, axis=-1)
+    return s[..., :r, :c]
+
+
+def _check_pair(op, name, q, scale, block):
+    if q.dtype != E4M3:
+        raise TypeError(f"sluice.fp8.{op}: {name} must be float8_e4m3fn, got {q.dtype}")
+    if scale.dtype != jnp.float32:
+        raise TypeError(f"sluice.fp8.{op}: {name}'s scale must be float32, got {scale.dtype}")
+    want = scale_shape(q.shape, block)
+    if tuple(scale.shape) != want:
+        raise ShapeError(
+            f"sluice.fp8.{op}: {name} {q.shape} in {block[0]}x{block[1]} blocks needs a scale of "
+            f"shape {want}, got {scale.shape}"
+        )
+
+
+def dequantize(q, scale, block, *, dtype=jnp.float32):
+    """The inverse of `quantize`: float32(q) * scale per block, as `dtype` (float32 by default)."""
+    q, scale = jnp.asarray(q), jnp.asarray(scale)
+    block = _block("dequantize", block)
+    _check_pair("dequantize", "q", q, scale, block)
+    *_, r, c = q.shape
+    return (q.astype(jnp.float32) * _expand(scale, block, r, c)).astype(dtype)
+
+
+def gmm_fp8_reference(
+    lhs_q,
+    lhs_scale,
+    rhs_q,
+    rhs_scale,
+    group_sizes,
+    *,
+    transpose_rhs=False,
+    group_offset=None,
+    preferred_element_type=jnp.bfloat16,
+):
+    """The FP8 gmm's reference: gmm(dequantize(lhs), dequantize(rhs)) in float32.
+
+    Args:
+      lhs_q, lhs_scale: [M, K] e4m3 and its ACT scale [M, ceil(K/128)] (`quantize_act(x)`).
+      rhs_q, rhs_scale: [G_local, K, N] (or [G_local, N, K] with transpose_rhs) e4m3 and its WEIGHT
+        scale over its own last two dims (`quantize_weight(w)`): the input gradient passes the
+        forward's w [G, K', N'] and scale unchanged with transpose_rhs=True (contracting N').
+      group_sizes, transpose_rhs, group_offset: as sluice.gmm.
+      preferred_element_type: output dtype, bfloat16 by default.
+    Returns:
+      [M, N]; rows outside the local groups are zero.
+    """
+    lhs_q, lhs_scale = jnp.asarray(lhs_q), jnp.asarray(lhs_scale)
+    rhs_q, rhs_scale = jnp.asarray(rhs_q), jnp.asarray(rhs_scale)
+    if lhs_q.ndim != 2 or rhs_q.ndim != 3:
+        raise ShapeError(
+            f"sluice.fp8.gmm_fp8_reference: lhs must be 2-D and rhs 3-D, got {lhs_q.shape} "
+            f"and {rhs_q.shape}"
+        )
+    _check_pair("gmm_fp8_reference", "lhs", lhs_q, lhs_scale, ACT)
+    _check_pair("gmm_fp8_reference", "rhs", rhs_q, rhs_scale, WEIGHT)
+    k_rhs = rhs_q.shape[2] if transpose_rhs else rhs_q.shape[1]
+    if k_rhs != lhs_q.shape[1]:
+        raise ShapeError(
+            f"sluice.fp8.gmm_fp8_reference: contraction dims differ: lhs {lhs_q.shape}, rhs "
+            f"{rhs_q.shape} (transpose_rhs={transpose_rhs})"
+        )
+    lhs = dequantize(lhs_q, lhs_scale, ACT)
+    rhs = dequantize(rhs_q, rhs_scale, WEIGHT)
+    return gmm_reference(
+        lhs,
+        rhs,
+        jnp.asarray(group_sizes, jnp.int32),
+        transpose_rhs=transpose_rhs,
+        group_offset=group_offset,
+        preferred_element_type=preferred_element_type,
+    )
+
+
+def tgmm_fp8_reference(
+    lhs_q,
+    lhs_scale,
+    rhs_q,
+    rhs_scale,
+    group_sizes,
+    *,
+    group_offset=None,
+    num_local_groups=None,
+    preferred_element_type=jnp.bfloat16,
+):
+    """The FP8 tgmm's reference (the weight gradient): tgmm(dequantize(lhs), dequantize(rhs)).
+
+    Args:
+      lhs_q, lhs_scale: [M, K] e4m3 and its ACT_T scale [ceil(M/128), K]
+        (`quantize_act(x, axis=-2)`); rhs_q, rhs_scale: [M, N] and [ceil(M/128), N] likewise.
+        The 128-row blocks are absolute, crossing group edges (see the module docstring).
+      group_sizes, group_offset, num_local_groups: as sluice.tgmm.
+      preferred_element_type: output dtype, bfloat16 by default.
+    Returns:
+      [num_local_groups, K, N]; an empty group gives zeros.
+    """
+    lhs_q, lhs_scale = jnp.asarray(lhs_q), jnp.asarray(lhs_scale)
+    rhs_q, rhs_scale = jnp.asarray(rhs_q), jnp.asarray(rhs_scale)
+    if lhs_q.ndim != 2 or rhs_q.ndim != 2 or rhs_q.shape[0] != lhs_q.shape[0]:
+        raise ShapeError(
+            f"sluice.fp8.tgmm_fp8_reference: lhs [M, K] and rhs [M, N] must be 2-D with the same "
+            f"rows, got {lhs_q.shape} and {rhs_q.shape}"
+        )
+    _check_pair("tgmm_fp8_reference", "lhs", lhs_q, lhs_scale, ACT_T)
+    _check_pair("tgmm_fp8_reference", "rhs", rhs_q, rhs_scale, ACT_T)
+    return tgmm_reference(
+        dequantize(lhs_q, lhs_scale, ACT_T),
+        dequantize(rhs_q, rhs_scale, ACT_T),
+        jnp.asarray(group_sizes, jnp.int32),
+        group_offset=group_offset,
+        num_local_groups=num_local_groups,
+        preferred_element_type=preferred_element_type,
+    )

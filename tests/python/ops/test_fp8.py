@@ -1,0 +1,365 @@
+"""sluice.fp8: block quantization to e4m3 against an independent numpy model (ml_dtypes' e4m3 cast),
+its error bounds and edge cases (saturation, zero, tiny and non-finite blocks, partial blocks,
+valid_rows), jit and vmap; the FP8 grouped GEMM references against jax.lax.ragged_dot(_general) on
+the dequantized operands, and against bf16 sluice.gmm / tgmm on the original operands within FP8's
+error bound."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+import sluice
+from helpers import rel_err
+from sluice import fp8
+
+RNG = np.random.default_rng()
+U = 2.0**-4  # e4m3's unit roundoff: 3 mantissa bits, round to nearest
+BLOCKS = [fp8.ACT, fp8.ACT_T, fp8.WEIGHT, (4, 8)]
+SHAPES = [(1, 5), (3, 128), (130, 257), (256, 384), (2, 129, 200)]
+
+
+def scaled_normal(shape, dtype=jnp.float32, spread=4):
+    """Normal draws with a magnitude of 10**U(-spread, spread) per row, so blocks of different
+    rows have very different scales."""
+    mag = 10.0 ** RNG.uniform(-spread, spread, size=(*shape[:-1], 1))
+    return jnp.asarray(RNG.standard_normal(shape) * mag, dtype)
+
+
+def np_quantize(x, block, power_of_two):
+    """The quantization rules in numpy, independently: amax per block, scale, ml_dtypes' cast."""
+    x = np.asarray(x, np.float32)
+    (br, bc), (*lead, r, c) = block, x.shape
+    nr, nc = math.ceil(r / br), math.ceil(c / bc)
+    xp = np.zeros((*lead, nr * br, nc * bc), np.float32)
+    xp[..., :r, :c] = x
+    xb = xp.reshape(*lead, nr, br, nc, bc)
+    amax = np.abs(xb).max(axis=(-3, -1))
+    if power_of_two:
+        with np.errstate(divide="ignore"):
+            e = np.ceil(np.log2(amax.astype(np.float64) / 448.0))
+        scale = np.maximum(2.0**e, 2.0**-126).astype(np.float32)
+    else:
+        scale = np.maximum(amax * np.float32(1 / 448), np.float32(2.0**-126))
+    y = np.clip(xb / scale[..., :, None, :, None], -448, 448)
+    q = y.astype(ml_dtypes.float8_e4m3fn).reshape(xp.shape)[..., :r, :c]
+    return q, scale
+
+
+def expanded(scale, block, shape):
+    s = np.repeat(np.repeat(np.asarray(scale), block[0], -2), block[1], -1)
+    return s[..., : shape[-2], : shape[-1]]
+
+
+def bits(a):
+    return np.asarray(a).view(np.uint8 if np.asarray(a).itemsize == 1 else np.uint32)
+
+
+# ---- quantization ------------------------------------------------------------------------------
+@pytest.mark.parametrize("power_of_two", [False, True])
+@pytest.mark.parametrize("block", BLOCKS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_quantize_matches_numpy_model_and_error_bound(shape, block, power_of_two):
+    x = scaled_normal(shape)
+    q, scale = fp8.quantize(x, block, power_of_two=power_of_two)
+    assert q.dtype == fp8.E4M3 and q.shape == x.shape
+    assert scale.dtype == jnp.float32 and scale.shape == fp8.scale_shape(x.shape, block)
+    q_np, s_np = np_quantize(x, block, power_of_two)
+    np.testing.assert_array_equal(bits(q), bits(q_np))
+    np.testing.assert_array_equal(bits(scale), bits(s_np))
+    # |x - deq| <= 2**-4 max(|x|, 2**-6 scale), plus float32 rounding without power-of-two scales
+    xs, d = np.asarray(x, np.float64), np.asarray(fp8.dequantize(q, scale, block), np.float64)
+    s = expanded(scale, block, x.shape).astype(np.float64)
+    slack = 0.0 if power_of_two else 2.0**-22
+    assert np.all(np.abs(xs - d) <= (U + slack) * np.maximum(np.abs(xs), 2.0**-6 * s))
+    if power_of_two:
+        m, _ = np.frexp(np.asarray(scale))
+        assert np.all(m == 0.5)
+        assert np.all(np.abs(np.asarray(q, np.float32)) <= 448)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_input_dtypes_and_block_amax_maps_to_448(dtype):
+    x = scaled_normal((6, 300), dtype, spread=2)
+    q, scale = fp8.quantize_act(x)
+    xf = np.asarray(x, np.float32)
+    amax = np.abs(np.pad(xf, ((0, 0), (0, 84)))).reshape(6, 3, 128).max(-1)
+    np.testing.assert_array_equal(np.asarray(scale), amax * np.float32(1 / 448))
+    qa = np.abs(np.asarray(q, np.float32)).reshape(6, -1)
+    blocks = [qa[:, :128].max(1), qa[:, 128:256].max(1), qa[:, 256:].max(1)]
+    assert np.all(np.stack(blocks, 1) == 448)  # each block's amax element lands on +-448
+
+
+@pytest.mark.parametrize("power_of_two", [False, True])
+def test_representable_values_round_trip_exactly(power_of_two):
+    # Per 128x128 block: e4m3 values times 2**k, one element +-448 * 2**k: the scale is 2**k in
+    # both modes, and the round trip is bit for bit.
+    codes = RNG.integers(0, 256, size=(2, 256, 384), dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+    v = np.asarray(codes, np.float32)
+    v[~np.isfinite(v)] = 0.0
+    k = RNG.integers(-30, 30, size=(2, 2, 3))
+    v[:, ::128, ::128] = np.where(RNG.random((2, 2, 3)) < 0.5, -448.0, 448.0)
+    x = (v * expanded(2.0**k, fp8.WEIGHT, v.shape)).astype(np.float32)
+    q, scale = fp8.quantize_weight(jnp.asarray(x), power_of_two=power_of_two)
+    np.testing.assert_array_equal(np.asarray(scale), (2.0**k).astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(fp8.dequantize(q, scale, fp8.WEIGHT)), x)
+
+
+def test_saturation_and_huge_values():
+    big = np.finfo(np.float32).max
+    for p2 in (False, True):
+        # With power-of-two scales, |x| within 2**-5 of float32's max may dequantize to 2**128 = inf
+        top = 3.2e38 if p2 else big
+        x = jnp.asarray([[top, -top, 1.0, 3e38], [1e30, -2e30, 0.5e30, 7.0]], jnp.float32)
+        q, scale = fp8.quantize(x, (1, 4), power_of_two=p2)
+        qf = np.asarray(q, np.float32)
+        assert np.all(np.isfinite(qf)) and np.all(np.abs(qf) <= 448)
+        assert np.all(np.isfinite(np.asarray(scale)))
+        d = np.asarray(fp8.dequantize(q, scale, (1, 4)), np.float64)
+        assert np.all(np.isfinite(d))
+        xs = np.asarray(x, np.float64)
+        bound = U * np.maximum(np.abs(xs), 2.0**-6 * expanded(scale, (1, 4), x.shape))
+        assert np.all(np.abs(d - xs) <= (1 + 2.0**-20) * bound)
+    # Values past 448 after scaling saturate instead of becoming NaN (e4m3fn's overflow).
+    y = jnp.asarray([[448.0, 464.0, 470.0, 1e4]], jnp.float32)
+    clipped = jnp.clip(y, -448, 448).astype(fp8.E4M3)
+    assert np.all(np.asarray(clipped, np.float32) == 448)
+
+
+def test_zero_and_tiny_blocks():
+    x = np.zeros((3, 256), np.float32)
+    sign = np.where(RNG.random(128) < 0.5, -1.0, 1.0)
+    # Normal float32 values only: subnormal inputs read as zero (XLA:CPU flushes them).
+    x[1, :128] = sign * RNG.uniform(1.2e-38, 5e-36, 128)  # amax < 448 * 2**-126: the floor scale
+    x[2, 128:] = RNG.standard_normal(128) * 1e-30  # small but above the floor
+    for p2 in (False, True):
+        q, scale = fp8.quantize_act(jnp.asarray(x), power_of_two=p2)
+        s = np.asarray(scale)
+        assert s[0, 0] == s[0, 1] == s[1, 1] == s[2, 0] == fp8.SCALE_MIN
+        assert np.all(np.asarray(q, np.float32)[0] == 0)
+        assert s[1, 0] == fp8.SCALE_MIN and s[2, 1] > fp8.SCALE_MIN
+        d = np.asarray(fp8.dequantize(q, scale, fp8.ACT), np.float64)
+        bound = 1.0001 * U * np.maximum(np.abs(x), 2.0**-6 * expanded(s, fp8.ACT, x.shape))
+        assert np.all(np.abs(d - x) <= bound)
+        assert np.all(np.isfinite(d)) and np.all(d[0] == 0)
+
+
+def test_non_finite_blocks_come_back_nan():
+    x = np.ones((2, 384), np.float32)
+    x[0, 5], x[1, 200] = np.inf, np.nan
+    q, scale = fp8.quantize_act(jnp.asarray(x))
+    s, qf = np.asarray(scale), np.asarray(q, np.float32)
+    assert np.isnan(s[0, 0]) and np.isnan(s[1, 1])
+    assert np.all(np.isnan(qf[0, :128])) and np.all(np.isnan(qf[1, 128:256]))
+    finite = np.isfinite(s)
+    assert finite.sum() == 4 and np.all(s[finite] == np.float32(1 / 448))
+    d = np.asarray(fp8.dequantize(q, scale, fp8.ACT))
+    assert np.all(np.isnan(d[0, :128])) and np.all(d[0, 128:] == 1)
+    assert np.all(np.isnan(d[1, 128:256])) and np.all(d[1, :128] == 1) and np.all(d[1, 256:] == 1)
+
+
+@pytest.mark.parametrize("block", [fp8.ACT, fp8.ACT_T])
+def test_valid_rows_ignores_the_rows_past_it(block):
+    x = np.asarray(scaled_normal((300, 200)))
+    junk = x.copy()
+    junk[250:] = np.nan
+    zeros = x.copy()
+    zeros[250:] = 0
+    q, scale = jax.jit(lambda a, v: fp8.quantize(a, block, valid_rows=v))(junk, jnp.int32(250))
+    q0, s0 = fp8.quantize(jnp.asarray(zeros), block)
+    np.testing.assert_array_equal(bits(q), bits(q0))
+    np.testing.assert_array_equal(np.asarray(scale), np.asarray(s0))
+    assert np.all(np.asarray(q, np.float32)[250:] == 0)
+
+
+def test_jit_and_vmap():
+    x = scaled_normal((3, 130, 257))
+    eager = fp8.quantize_act(x, axis=-2, power_of_two=True)
+    jitted = jax.jit(lambda a: fp8.quantize_act(a, axis=-2, power_of_two=True))(x)
+    mapped = jax.vmap(lambda a: fp8.quantize_act(a, axis=0, power_of_two=True))(x)
+    for a, b in ((eager, jitted), (eager, mapped)):
+        np.testing.assert_array_equal(bits(a[0]), bits(b[0]))
+        np.testing.assert_array_equal(np.asarray(a[1]), np.asarray(b[1]))
+    assert eager[1].shape == (3, 2, 257)
+    # vmap with one valid_rows per slice
+    rows = jnp.asarray([130, 7, 0], jnp.int32)
+    qv, sv = jax.vmap(lambda a, v: fp8.quantize_act(a, valid_rows=v))(x, rows)
+    for i, v in enumerate(np.asarray(rows)):
+        qi, si = fp8.quantize_act(jnp.where(jnp.arange(130)[:, None] < v, x[i], 0))
+        np.testing.assert_array_equal(bits(qv[i]), bits(qi))
+        np.testing.assert_array_equal(np.asarray(sv[i]), np.asarray(si))
+    deq = jax.jit(jax.vmap(lambda q, s: fp8.dequantize(q, s, fp8.ACT)))(qv, sv)
+    assert deq.shape == x.shape and deq.dtype == jnp.float32
+
+
+def test_weight_blocks_serve_both_orientations():
+    w = scaled_normal((3, 200, 300))
+    q, scale = fp8.quantize_weight(w)
+    qt, st = fp8.quantize_weight(jnp.swapaxes(w, 1, 2))
+    np.testing.assert_array_equal(bits(jnp.swapaxes(q, 1, 2)), bits(qt))
+    np.testing.assert_array_equal(np.asarray(jnp.swapaxes(scale, 1, 2)), np.asarray(st))
+
+
+def test_bad_arguments():
+    x = jnp.ones((4, 256), jnp.float32)
+    q, s = fp8.quantize_act(x)
+    with pytest.raises(sluice.ShapeError, match="needs a scale of shape"):
+        fp8.dequantize(q, s[:, :1], fp8.ACT)
+    with pytest.raises(sluice.ShapeError, match="needs a scale of shape"):
+        fp8.dequantize(q, s, fp8.ACT_T)
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        fp8.dequantize(x, s, fp8.ACT)
+    with pytest.raises(TypeError, match="float32"):
+        fp8.dequantize(q, s.astype(jnp.bfloat16), fp8.ACT)
+    with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
+        fp8.quantize(x.astype(jnp.int32), fp8.ACT)
+    with pytest.raises(ValueError, match="axis"):
+        fp8.quantize_act(x, axis=2)
+    with pytest.raises(ValueError, match="positive"):
+        fp8.quantize(x, (0, 128))
+    with pytest.raises(sluice.ShapeError, match="at least 2-D"):
+        fp8.quantize(jnp.ones(5), fp8.ACT)
+    w_q, w_s = fp8.quantize_weight(jnp.ones((2, 256, 64)))
+    gs = jnp.asarray([2, 2], jnp.int32)
+    with pytest.raises(sluice.ShapeError, match="contraction"):
+        fp8.gmm_fp8_reference(q, s, w_q, w_s, gs, transpose_rhs=True)
+    with pytest.raises(sluice.ShapeError, match="needs a scale"):
+        fp8.tgmm_fp8_reference(q, s, q, s, gs)  # ACT scales where ACT_T ones belong
+
+
+# ---- the FP8 grouped GEMM references -----------------------------------------------------------
+def groups(used, g):
+    gs = RNG.multinomial(used, RNG.dirichlet(np.full(g, 0.3)))
+    gs[RNG.integers(g)] = 0  # at least one empty group
+    return jnp.asarray(gs, jnp.int32)
+
+
+GEMM_CASES = [(300, 200, 130, 4, 280), (256, 384, 256, 3, 256), (64, 100, 60, 5, 50)]
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+@pytest.mark.parametrize("case", GEMM_CASES)
+def test_gmm_fp8_reference_is_ragged_dot_of_dequantized(case, transpose_rhs):
+    m, k, n, g, used = case
+    gs = groups(used, g)
+    x_q, x_s = fp8.quantize_act(scaled_normal((m, k), spread=1))
+    w_q, w_s = fp8.quantize_weight(scaled_normal((g, n, k) if transpose_rhs else (g, k, n)))
+    out = fp8.gmm_fp8_reference(
+        x_q, x_s, w_q, w_s, gs, transpose_rhs=transpose_rhs, preferred_element_type=jnp.float32
+    )
+    xd, wd = fp8.dequantize(x_q, x_s, fp8.ACT), fp8.dequantize(w_q, w_s, fp8.WEIGHT)
+    wd = jnp.swapaxes(wd, 1, 2) if transpose_rhs else wd
+    want = jax.lax.ragged_dot(xd, wd, gs, precision="highest", preferred_element_type=jnp.float32)
+    assert out.shape == (m, n) and out.dtype == jnp.float32
+    assert rel_err(out, want) < 1e-6
+    assert np.all(np.asarray(out)[used:] == 0)
+    # sluice.gmm's float32 CPU kernel on the dequantized operands agrees too
+    assert rel_err(sluice.gmm(xd, wd, gs), want) < 1e-6
+    bf = fp8.gmm_fp8_reference(x_q, x_s, w_q, w_s, gs, transpose_rhs=transpose_rhs)
+    assert bf.dtype == jnp.bfloat16 and rel_err(bf, want) < 2**-8
+
+
+def test_gmm_fp8_reference_group_offset():
+    gs = jnp.asarray([30, 0, 50, 40], jnp.int32)
+    x_q, x_s = fp8.quantize_act(scaled_normal((130, 200), spread=1))
+    w_q, w_s = fp8.quantize_weight(scaled_normal((4, 200, 64)))
+    full = fp8.gmm_fp8_reference(x_q, x_s, w_q, w_s, gs, preferred_element_type=jnp.float32)
+    part = fp8.gmm_fp8_reference(
+        x_q, x_s, w_q[1:3], w_s[1:3], gs, group_offset=1, preferred_element_type=jnp.float32
+    )
+    rows = np.arange(130)
+    local = (rows >= 30) & (rows < 80)
+    np.testing.assert_array_equal(np.asarray(part)[local], np.asarray(full)[local])
+    assert np.all(np.asarray(part)[~local] == 0)
+
+
+@pytest.mark.parametrize("case", GEMM_CASES)
+def test_tgmm_fp8_reference_is_ragged_dot_general_of_dequantized(case):
+    m, k, n, g, used = case
+    gs = groups(used, g)
+    x_q, x_s = fp8.quantize_act(scaled_normal((m, k), spread=1), axis=-2)
+    d_q, d_s = fp8.quantize_act(scaled_normal((m, n), spread=1), axis=-2)
+    out = fp8.tgmm_fp8_reference(x_q, x_s, d_q, d_s, gs, preferred_element_type=jnp.float32)
+    xd, dd = fp8.dequantize(x_q, x_s, fp8.ACT_T), fp8.dequantize(d_q, d_s, fp8.ACT_T)
+    dn = jax.lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())), (0,), ())
+    want = jax.lax.ragged_dot_general(
+        xd, dd, gs, dn, precision="highest", preferred_element_type=jnp.float32
+    )
+    assert out.shape == (g, k, n) and rel_err(out, want) < 1e-6
+    for j in np.nonzero(np.asarray(gs) == 0)[0]:
+        assert np.all(np.asarray(out)[j] == 0)
+    assert rel_err(sluice.tgmm(xd, dd, gs), want) < 1e-6
+
+
+def fp8_bound(a, block_a, sa, b, block_b, sb, matmul):
+    """The elementwise bound of an FP8 product against the exact one: with |a - deq a| <= u ã,
+    ã = max(|a|, 2**-6 scale_a) (and b alike), |deq a . deq b - a . b| <= (2u + u**2) ã . b̃."""
+    at = jnp.maximum(jnp.abs(a), 2.0**-6 * expanded(sa, block_a, a.shape))
+    bt = jnp.maximum(jnp.abs(b), 2.0**-6 * expanded(sb, block_b, b.shape))
+    return np.asarray(matmul(at, bt), np.float64) * (2 * U + U * U) * (1 + 2.0**-16)
+
+
+@pytest.mark.parametrize("power_of_two", [False, True])
+def test_fp8_matmuls_against_bf16_within_the_quantization_bound(power_of_two):
+    # The expert block's three matmuls: forward x @ w, input gradient dy @ w^T, weight gradient
+    # x^T @ dy, each FP8 reference against sluice's bf16 kernels on the original operands
+    # (float32 output). Bound per element: fp8_bound plus float32 accumulation (2**-16 of
+    # |a| . |b|), met with a margin of ~6x; the relative Frobenius error, FP8's statistical
+    # ~0.035 for two rounded operands (0.036-0.041 measured), below 0.06.
+    m, k, n, g, used = 300, 384, 200, 4, 290
+    gs = groups(used, g)
+    x, w, dy = (scaled_normal(s, jnp.bfloat16, 1) for s in ((m, k), (g, k, n), (m, n)))
+    x32, w32, dy32 = (a.astype(jnp.float32) for a in (x, w, dy))
+    f32 = {"preferred_element_type": jnp.float32}
+    x_q, x_s = fp8.quantize_act(x, power_of_two=power_of_two)
+    w_q, w_s = fp8.quantize_weight(w, power_of_two=power_of_two)
+    dy_q, dy_s = fp8.quantize_act(dy, power_of_two=power_of_two)
+    xt_q, xt_s = fp8.quantize_act(x, axis=-2, power_of_two=power_of_two, valid_rows=used)
+    dyt_q, dyt_s = fp8.quantize_act(dy, axis=-2, power_of_two=power_of_two, valid_rows=used)
+
+    def check(got, want, bound_fp8, plain):
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        assert np.all(np.abs(got - want) <= bound_fp8 + 2.0**-16 * np.asarray(plain))
+        assert rel_err(got, want) < 0.06
+
+    fwd = fp8.gmm_fp8_reference(x_q, x_s, w_q, w_s, gs, **f32)
+    gm = lambda a, b: sluice.gmm_reference(a, b, gs, **f32)
+    check(
+        fwd,
+        sluice.gmm(x, w, gs, **f32),
+        fp8_bound(x32, fp8.ACT, x_s, w32, fp8.WEIGHT, w_s, gm),
+        gm(jnp.abs(x32), jnp.abs(w32)),
+    )
+    dgrad = fp8.gmm_fp8_reference(dy_q, dy_s, w_q, w_s, gs, transpose_rhs=True, **f32)
+    gmt = lambda a, b: sluice.gmm_reference(a, b, gs, transpose_rhs=True, **f32)
+    check(
+        dgrad,
+        sluice.gmm(dy, w, gs, transpose_rhs=True, **f32),
+        fp8_bound(dy32, fp8.ACT, dy_s, w32, fp8.WEIGHT, w_s, gmt),
+        gmt(jnp.abs(dy32), jnp.abs(w32)),
+    )
+    wgrad = fp8.tgmm_fp8_reference(xt_q, xt_s, dyt_q, dyt_s, gs, **f32)
+    tg = lambda a, b: sluice.tgmm_reference(a, b, gs, **f32)
+    check(
+        wgrad,
+        sluice.tgmm(x, dy, gs, **f32),
+        fp8_bound(x32, fp8.ACT_T, xt_s, dy32, fp8.ACT_T, dyt_s, tg),
+        tg(jnp.abs(x32), jnp.abs(dy32)),
+    )
+
+
+def test_wgrad_rows_past_the_groups_do_not_reach_the_scales():
+    # An expert block's unused rows may hold anything (zero_unused_rows=False): NaN there, with
+    # valid_rows, leaves the weight gradient what zeros give.
+    m, k, n, g, used = 200, 130, 70, 3, 150
+    gs = groups(used, g)
+    x, dy = scaled_normal((m, k), spread=1), scaled_normal((m, n), spread=1)
+    x_nan, dy_nan = (a.at[used:].set(jnp.nan) for a in (x, dy))
+    x_zero, dy_zero = (a.at[used:].set(0) for a in (x, dy))
+    args = [fp8.quantize_act(a, axis=-2, valid_rows=used) for a in (x_nan, dy_nan)]
+    got = fp8.tgmm_fp8_reference(*args[0], *args[1], gs, preferred_element_type=jnp.float32)
+    ref = [fp8.quantize_act(a, axis=-2) for a in (x_zero, dy_zero)]
+    want = fp8.tgmm_fp8_reference(*ref[0], *ref[1], gs, preferred_element_type=jnp.float32)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
