@@ -479,7 +479,8 @@ def main():
     p.add_argument("--jax-iters", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--shapes", help='"bench" (default: the four benchmark shapes), "fine", or names'
+        "--shapes",
+        help='"bench" (default: the four benchmark shapes), "fine", "small-groups", or names',
     )
     p.add_argument(
         "--dists",

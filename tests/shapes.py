@@ -36,6 +36,22 @@ FINE_SHAPES: tuple[Shape, ...] = (
     Shape("dsv3proxy-down", 131072, 256, 256, 1024),
 )
 
+# Fine-grained experts with few rows each (`bench_gmm.py --shapes small-groups`): the rows per group
+# a step gives a local expert (T*k*R/E: 128 for top-8 of 256 at 4096 tokens per GPU, fewer on a
+# skewed step) swept from 16 to 1024, on DeepSeek-V3's expert matmuls (32 local experts: EP 8) and
+# Qwen3-30B-A3B's (128 experts).
+SMALL_GROUP_ROWS: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024)
+SMALL_GROUP_SHAPES: tuple[Shape, ...] = tuple(
+    Shape(f"{name}-g{g}-r{rows}", rows * g, g, k, n)
+    for name, g, k, n in (
+        ("dsv3-gateup", 32, 7168, 4096),
+        ("dsv3-down", 32, 2048, 7168),
+        ("qwen3-gateup", 128, 2048, 1536),
+        ("qwen3-down", 128, 768, 2048),
+    )
+    for rows in SMALL_GROUP_ROWS
+)
+
 DISTRIBUTIONS: tuple[str, ...] = ("uniform", "skewed")
 
 # The CPU tests' grouped GEMM cases: (M, K, N, G, rows routed), small enough for the CPU kernels and
@@ -84,12 +100,15 @@ FAN_WORKLOADS: dict[str, tuple[int, int, int, int]] = {
 
 
 def select_shapes(spec: str | None) -> tuple[Shape, ...]:
-    """Shapes by a comma-separated list of names, "bench" (SHAPES, the default) or "fine"."""
+    """Shapes by a comma-separated list of names, "bench" (SHAPES, the default), "fine" or
+    "small-groups"."""
     if not spec or spec == "bench":
         return SHAPES
     if spec == "fine":
         return FINE_SHAPES
-    by_name = {s.name: s for s in SHAPES + FINE_SHAPES}
+    if spec == "small-groups":
+        return SMALL_GROUP_SHAPES
+    by_name = {s.name: s for s in SHAPES + FINE_SHAPES + SMALL_GROUP_SHAPES}
     unknown = [n for n in spec.split(",") if n not in by_name]
     if unknown:
         raise ValueError(f"unknown shape(s) {unknown}; known: {sorted(by_name)}")

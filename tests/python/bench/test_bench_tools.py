@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import shapes
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
@@ -140,3 +141,16 @@ def test_bench_train_side_by_side_spreads_the_runs_over_the_gpus(tmp_path):
     assert gpus({"GPUS": "4"}) == {
         "dropless-s0": 0, "cf1.0-s0": 1, "cf1.25-s0": 2, "dropless-s1": 3, "cf1.0-s1": 0, "cf1.25-s1": 1
     }  # fmt: skip
+
+
+def test_the_shape_list_selects_every_set_by_name():
+    """tests/shapes.py: each named set and each shape by name; small-groups sweeps the rows per group."""
+    assert shapes.select_shapes(None) == shapes.SHAPES
+    assert shapes.select_shapes("fine") == shapes.FINE_SHAPES
+    sweep = shapes.select_shapes("small-groups")
+    assert len({s.name for s in sweep}) == len(sweep) == 4 * len(shapes.SMALL_GROUP_ROWS)
+    assert all(s.m == s.g * int(s.name.rsplit("-r", 1)[1]) for s in sweep)
+    assert shapes.select_shapes(sweep[3].name) == (sweep[3],)
+    for s in sweep[:2]:
+        for dist in shapes.DISTRIBUTIONS:
+            assert int(shapes.group_sizes(s, dist).sum()) == s.m
