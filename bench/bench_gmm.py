@@ -261,6 +261,11 @@ def part_jax(args):
     import jax
     import jax.numpy as jnp
 
+    try:  # sluice through XLA as a model calls it (needs the CMake build of libsluice with its FFI)
+        import sluice
+    except ImportError as e:
+        sluice = None
+        print(f"sluice in jit not timed: {e}", flush=True)
     results = []
     for shape in select_shapes(args.shapes):
         m, g, k, n = shape.m, shape.g, shape.k, shape.n
@@ -280,10 +285,14 @@ def part_jax(args):
         for dist in args.dists.split(","):
             gs = jnp.asarray(group_sizes(shape, dist, seed=args.seed))
             row = {"shape": shape.name, "dist": dist, "ms": {}, "tflops": {}, "errors": {}}
-            for name, fn, fargs in (
-                ("ragged_dot", fwd, (x, w, gs)),
-                ("ragged_dot_wgrad", wgrad, (x, w, gs, dy)),
-            ):
+            calls = [("ragged_dot", fwd, (x, w, gs)), ("ragged_dot_wgrad", wgrad, (x, w, gs, dy))]
+            if sluice is not None:
+                # wall clock per call: the kernel plus XLA's dispatch, what a small problem pays
+                calls += [
+                    ("sluice_gmm_jit", jax.jit(sluice.gmm), (x, w, gs)),
+                    ("sluice_tgmm_jit", jax.jit(sluice.tgmm), (x, dy, gs)),
+                ]
+            for name, fn, fargs in calls:
                 try:
                     fn(*fargs).block_until_ready()
                     times = []
@@ -434,6 +443,27 @@ def merge(args):
                 f"{fmt(t.get('cublas_batched_wgrad'))} | "
                 + " | ".join(fr(v) for v in vals.values())
                 + " |"
+            )
+    if any("sluice_gmm_jit" in r["tflops"] for r in rows):
+        lines += [
+            "",
+            (
+                "sluice inside jit (the JAX part: wall clock per call, block_until_ready) against "
+                "its kernels alone (CUDA events, calls queued): the difference is XLA's dispatch and "
+                "the launch path, which small problems pay in full."
+            ),
+            "",
+            "| shape | sizes | gmm kernel | gmm in jit | jit/kernel | tgmm kernel | tgmm in jit | jit/kernel |",
+            "|" + "---|" * 8,
+        ]
+        for r in rows:
+            t = r["tflops"]
+            g_kj = ratio(r, "sluice_gmm", "sluice_gmm_jit")
+            t_kj = ratio(r, "sluice_tgmm", "sluice_tgmm_jit")
+            lines.append(
+                f"| {r['shape']} | {r['dist']} | {fmt(t.get('sluice_gmm'))} | "
+                f"{fmt(t.get('sluice_gmm_jit'))} | {fr(g_kj)} | {fmt(t.get('sluice_tgmm'))} | "
+                f"{fmt(t.get('sluice_tgmm_jit'))} | {fr(t_kj)} |"
             )
     lines += ["", "| ratio | median | min | max | cases |", "|---|---|---|---|---|"]
     summary = {}

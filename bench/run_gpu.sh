@@ -37,7 +37,9 @@ if [ -n "${BASELINE:-}" ]; then
     --base "$RESULTS/torch-part-base1.json" "$RESULTS/torch-part-base2.json" --md "$RESULTS/gmm-ab-$stamp.md"
 fi
 if [ "${SKIP_JAX:-0}" != 1 ]; then
-  timeout 400 python3 bench/bench_gmm.py --part jax "${shapes[@]}" --out "$RESULTS/jax-part.json"
+  # ragged_dot, and sluice inside jit where the CMake build of libsluice is found (build*/ or SLUICE_LIBRARY)
+  PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} timeout 400 python3 bench/bench_gmm.py --part jax \
+    "${shapes[@]}" --out "$RESULTS/jax-part.json"
 fi
 python3 bench/bench_gmm.py --merge "$RESULTS/torch-part.json" "$RESULTS/jax-part.json" \
   --md "$RESULTS/gmm-$stamp.md" --json "$RESULTS/gmm-$stamp.json"
