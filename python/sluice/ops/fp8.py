@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -170,7 +171,11 @@ def quantize(x, block, *, power_of_two=False, valid_rows=None):
     if power_of_two:
         scale = _pow2_ceil(scale, amax)
     scale = jnp.where(jnp.isfinite(amax), scale, jnp.nan)
-    y = xb / scale[..., :, None, :, None]
+    # The divisor goes through an optimization barrier at full size: XLA's simplifier rewrites a
+    # division by a broadcast into a multiplication by its reciprocal, which is not correctly rounded
+    # (and moves a value on a tie of e4m3 to the wrong side).
+    divisor = jax.lax.optimization_barrier(jnp.broadcast_to(scale[..., :, None, :, None], xb.shape))
+    y = xb / divisor
     q = jnp.clip(y, -E4M3_MAX, E4M3_MAX).astype(E4M3)  # XLA's convert rounds to nearest even
     return _unblocked(q, r, c), scale
 
