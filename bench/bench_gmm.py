@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from shapes import DISTRIBUTIONS, group_sizes, select_shapes
 
 SL_DTYPE_BF16 = 1
+JIT_CALLS = 8  # sluice calls per jit program in the JAX part
 
 
 class GmmDesc(ctypes.Structure):
@@ -60,13 +61,29 @@ def time_cuda(fns, iters, warmup=3, info=None, mode="queued"):
     and no call starts from an idle GPU. mode "synced": each call is waited for before the next is
     issued, so each figure includes that call's launch path and the GPU idles between calls; it put
     sluice ~1% higher against torch. `info`, a dict, gets the largest gap the GPU saw between
-    two queued calls (ms)."""
+    two queued calls (ms).
+
+    mode "graph": each callable is captured once into a CUDA graph and the replays are queued as
+    above: the GPU time of the call's kernels (and memsets) alone. Problems of tens of
+    microseconds need it: there the host's launch path of a queued call can outlast the GPU's work,
+    the queue drains, and the event pair of a call would also time its launch."""
     import torch
 
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     torch.cuda.synchronize()
+    if mode == "graph":
+        graphs = {}
+        for name, fn in fns.items():
+            graphs[name] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graphs[name]):
+                fn()
+        fns = {name: g.replay for name, g in graphs.items()}
+        for fn in fns.values():
+            fn()
+        torch.cuda.synchronize()
+        mode = "queued"
     times = {name: [] for name in fns}
     names = list(fns)
     order = [n for it in range(iters) for n in names[it % len(names) :] + names[: it % len(names)]]
@@ -131,7 +148,6 @@ class ShapeCalls:
         )
         nws = max(lib.sl_gmm_cuda_workspace_size(ctypes.byref(self.desc)), 16)
         self.ws = torch.empty(nws, device=dev, dtype=torch.uint8)
-        self.stream = torch.cuda.current_stream().cuda_stream
 
     def calls(self, sizes):
         """{name: callable} for these group sizes (numpy int32 [G]), plus the offsets tensor."""
@@ -143,12 +159,14 @@ class ShapeCalls:
 
         def sl_gmm():
             ptrs = (x.data_ptr(), w.data_ptr(), gs.data_ptr(), None, self.out.data_ptr())
-            if lib.sl_gmm_cuda(ctypes.byref(desc), *ptrs, self.ws.data_ptr(), self.stream) != 0:
+            stream = torch.cuda.current_stream().cuda_stream  # (a capture's own stream in "graph")
+            if lib.sl_gmm_cuda(ctypes.byref(desc), *ptrs, self.ws.data_ptr(), stream) != 0:
                 raise RuntimeError(lib.sl_last_error().decode())
 
         def sl_tgmm():
             ptrs = (x.data_ptr(), dy.data_ptr(), gs.data_ptr(), None, self.dw.data_ptr())
-            if lib.sl_tgmm_cuda(ctypes.byref(desc), *ptrs, self.ws.data_ptr(), self.stream) != 0:
+            stream = torch.cuda.current_stream().cuda_stream
+            if lib.sl_tgmm_cuda(ctypes.byref(desc), *ptrs, self.ws.data_ptr(), stream) != 0:
                 raise RuntimeError(lib.sl_last_error().decode())
 
         calls = {
@@ -285,21 +303,32 @@ def part_jax(args):
         for dist in args.dists.split(","):
             gs = jnp.asarray(group_sizes(shape, dist, seed=args.seed))
             row = {"shape": shape.name, "dist": dist, "ms": {}, "tflops": {}, "errors": {}}
-            calls = [("ragged_dot", fwd, (x, w, gs)), ("ragged_dot_wgrad", wgrad, (x, w, gs, dy))]
-            if sluice is not None:
-                # wall clock per call: the kernel plus XLA's dispatch, what a small problem pays
+            calls = []
+            if not args.no_ragged_dot:
                 calls += [
-                    ("sluice_gmm_jit", jax.jit(sluice.gmm), (x, w, gs)),
-                    ("sluice_tgmm_jit", jax.jit(sluice.tgmm), (x, dy, gs)),
+                    ("ragged_dot", fwd, (x, w, gs)),
+                    ("ragged_dot_wgrad", wgrad, (x, w, gs, dy)),
                 ]
+            if sluice is not None:
+                # JIT_CALLS calls in one program on distinct inputs, as a model's step makes them:
+                # the wall clock per call is the kernels plus what XLA adds between them (a single
+                # call's program would also time the host's wait for the GPU)
+                xs = [x * (1 + i) for i in range(JIT_CALLS)]
+                calls += [
+                    ("sluice_gmm_jit", jax.jit(lambda xs, w, gs: [sluice.gmm(a, w, gs) for a in xs]),
+                     (xs, w, gs)),
+                    ("sluice_tgmm_jit",
+                     jax.jit(lambda xs, dy, gs: [sluice.tgmm(a, dy, gs) for a in xs]), (xs, dy, gs)),
+                ]  # fmt: skip
             for name, fn, fargs in calls:
+                per = JIT_CALLS if name.endswith("_jit") else 1
                 try:
-                    fn(*fargs).block_until_ready()
+                    jax.block_until_ready(fn(*fargs))
                     times = []
                     for _ in range(args.jax_iters):
                         t0 = time.perf_counter()
-                        fn(*fargs).block_until_ready()
-                        times.append((time.perf_counter() - t0) * 1e3)
+                        jax.block_until_ready(fn(*fargs))
+                        times.append((time.perf_counter() - t0) * 1e3 / per)
                     ms = statistics.median(times)
                     row["ms"][name] = ms
                     row["tflops"][name] = flops / ms / 1e9
@@ -325,7 +354,13 @@ def part_jax(args):
 
 def timing_line(torch_part):
     """How the torch part timed its calls (time_cuda's mode; files before 2026-11-24: "synced")."""
-    if torch_part["meta"].get("timing", "synced") != "queued":
+    mode = torch_part["meta"].get("timing", "synced")
+    if mode == "graph":
+        return (
+            "Each call captured once in a CUDA graph, the replays queued back to back: the GPU "
+            "time of its kernels alone, without the host's launch path."
+        )
+    if mode != "queued":
         return (
             "Calls timed one at a time: each waited for before the next, so each figure includes "
             "its launch path and the GPU idles between calls."
@@ -335,6 +370,61 @@ def timing_line(torch_part):
         "Calls queued back to back: the launch path is not in the figures and the GPU does not "
         f"idle between calls (largest gap between two calls: {gap * 1e3:.1f} us)."
     )
+
+
+BF16_PEAK_TFLOPS = 989.0  # H100/H200 SXM dense BF16
+HBM_TBPS = 4.8  # H200 (H100 SXM: 3.35)
+
+
+def roofline_share(r, key):
+    """Share of the roofline that `key` reaches on row r: the time of its FLOPs at the BF16 peak or
+    of its bytes (lhs, weights or their gradient, the other operand, once each) at HBM bandwidth,
+    whichever is longer, over its time. The small groups are bound by the weights' bytes."""
+    m, g, k, n = r["m"], r["g"], r["k"], r["n"]
+    flops, nbytes = 2.0 * m * k * n, 2.0 * (m * k + g * k * n + m * n)
+    t = max(flops / (BF16_PEAK_TFLOPS * 1e12), nbytes / (HBM_TBPS * 1e12))
+    return t / (flops / (r["tflops"][key] * 1e12))
+
+
+def by_rows_per_group(rows, ratio):
+    """The small-groups sweep (shape names ending in -r<rows per group>) summarised by rows per
+    group: medians over its matmuls and distributions, and the share of the BF16 peak."""
+    by = {}
+    for r in rows:
+        tail = r["shape"].rsplit("-r", 1)
+        if len(tail) == 2 and tail[1].isdigit():
+            by.setdefault(int(tail[1]), []).append(r)
+    if not by:
+        return []
+    out = [
+        "",
+        (
+            "By rows per group (medians over the matmuls and distributions; peak = "
+            f"{BF16_PEAK_TFLOPS:.0f} TFLOP/s dense BF16; roofline: that peak or {HBM_TBPS} TB/s "
+            "for each operand once, whichever bounds the time):"
+        ),
+        "",
+        (
+            "| rows/group | cases | gmm/torch median (min) | tgmm/torch median (min) | gmm TFLOP/s "
+            "| gmm % of peak | gmm % of roofline | tgmm TFLOP/s | tgmm % of peak | tgmm % of roofline |"
+        ),
+        "|" + "---|" * 10,
+    ]
+    for rpg in sorted(by):
+        rs = by[rpg]
+        g = [v for v in (ratio(r, "sluice_gmm", "torch_grouped_mm") for r in rs) if v]
+        t = [v for v in (ratio(r, "sluice_tgmm", "torch_grouped_mm_wgrad") for r in rs) if v]
+        gt = statistics.median(r["tflops"]["sluice_gmm"] for r in rs)
+        tt = statistics.median(r["tflops"]["sluice_tgmm"] for r in rs)
+        gr = statistics.median(roofline_share(r, "sluice_gmm") for r in rs)
+        tr = statistics.median(roofline_share(r, "sluice_tgmm") for r in rs)
+        out.append(
+            f"| {rpg} | {len(rs)} | {statistics.median(g):.2f}x ({min(g):.2f}x) | "
+            f"{statistics.median(t):.2f}x ({min(t):.2f}x) | {gt:.0f} | "
+            f"{100 * gt / BF16_PEAK_TFLOPS:.0f}% | {100 * gr:.0f}% | {tt:.0f} | "
+            f"{100 * tt / BF16_PEAK_TFLOPS:.0f}% | {100 * tr:.0f}% |"
+        )
+    return out
 
 
 def merge(args):
@@ -448,9 +538,9 @@ def merge(args):
         lines += [
             "",
             (
-                "sluice inside jit (the JAX part: wall clock per call, block_until_ready) against "
-                "its kernels alone (CUDA events, calls queued): the difference is XLA's dispatch and "
-                "the launch path, which small problems pay in full."
+                f"sluice inside jit (the JAX part: {JIT_CALLS} calls in one jitted program on "
+                "distinct inputs, wall clock per call) against its kernels alone (the torch part): "
+                "the difference is what XLA adds around each call, which small problems pay in full."
             ),
             "",
             "| shape | sizes | gmm kernel | gmm in jit | jit/kernel | tgmm kernel | tgmm in jit | jit/kernel |",
@@ -465,6 +555,7 @@ def merge(args):
                 f"{fmt(t.get('sluice_gmm_jit'))} | {fr(g_kj)} | {fmt(t.get('sluice_tgmm'))} | "
                 f"{fmt(t.get('sluice_tgmm_jit'))} | {fr(t_kj)} |"
             )
+    lines += by_rows_per_group(rows, ratio)
     lines += ["", "| ratio | median | min | max | cases |", "|---|---|---|---|---|"]
     summary = {}
     for kk, v in agg.items():
@@ -505,8 +596,11 @@ def main():
     p.add_argument("--lib", default="build-gpu/libsluice_gpu.so")
     p.add_argument("--out", default="bench.json")
     p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--timing", choices=["queued", "synced"], default="queued", help="see time_cuda")
+    p.add_argument(
+        "--timing", choices=["queued", "synced", "graph"], default="queued", help="see time_cuda"
+    )
     p.add_argument("--jax-iters", type=int, default=20)
+    p.add_argument("--no-ragged-dot", action="store_true", help="JAX part: time sluice in jit only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--shapes",

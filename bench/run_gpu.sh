@@ -8,7 +8,11 @@
 #                  part BUILD, BASELINE, BASELINE, BUILD; bench/compare_gmm.py's table of the four
 #                  runs in $RESULTS/gmm-ab-$STAMP.md
 #   SHAPES=fine    tests/shapes.py's fine-grained set instead of the four benchmark shapes
-#   SKIP_JAX=1     leaves out the ragged_dot part
+#                  (small-groups: the sweep of rows per group; or a comma-separated list of names)
+#   ITERS=n        timed runs per call (default 30)
+#   TIMING=graph   each call replayed from a CUDA graph (bench_gmm.py's time_cuda; default queued)
+#   SKIP_JAX=1     leaves out the JAX part (ragged_dot, and sluice inside jit)
+#   RAGGED_DOT=0   the JAX part times sluice inside jit only
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export BUILD=${BUILD:-build-gpu}
@@ -26,7 +30,8 @@ if command -v cuobjdump >/dev/null; then
     paste - - | sed -E 's/ +/ /g' >"$RESULTS/resource-usage-$stamp.txt"
 fi
 torch_part() { # library dir, output json
-  timeout 400 python3 bench/bench_gmm.py --part torch "${shapes[@]}" --lib "$1/libsluice_gpu.so" --out "$2"
+  timeout 420 python3 bench/bench_gmm.py --part torch "${shapes[@]}" --timing "${TIMING:-queued}" \
+    --iters "${ITERS:-30}" --lib "$1/libsluice_gpu.so" --out "$2"
 }
 torch_part "$BUILD" "$RESULTS/torch-part.json"
 if [ -n "${BASELINE:-}" ]; then
@@ -39,7 +44,7 @@ fi
 if [ "${SKIP_JAX:-0}" != 1 ]; then
   # ragged_dot, and sluice inside jit where the CMake build of libsluice is found (build*/ or SLUICE_LIBRARY)
   PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} timeout 400 python3 bench/bench_gmm.py --part jax \
-    "${shapes[@]}" --out "$RESULTS/jax-part.json"
+    "${shapes[@]}" $([ "${RAGGED_DOT:-1}" = 0 ] && echo --no-ragged-dot) --out "$RESULTS/jax-part.json"
 fi
 python3 bench/bench_gmm.py --merge "$RESULTS/torch-part.json" "$RESULTS/jax-part.json" \
   --md "$RESULTS/gmm-$stamp.md" --json "$RESULTS/gmm-$stamp.json"

@@ -38,17 +38,31 @@ FINE_SHAPES: tuple[Shape, ...] = (
 
 # Fine-grained experts with few rows each (`bench_gmm.py --shapes small-groups`): the rows per group
 # a step gives a local expert (T*k*R/E: 128 for top-8 of 256 at 4096 tokens per GPU, fewer on a
-# skewed step) swept from 16 to 1024, on DeepSeek-V3's expert matmuls (32 local experts: EP 8) and
-# Qwen3-30B-A3B's (128 experts).
+# skewed step) swept from 16 to 1024, over the local expert counts of real models at several
+# expert-parallel degrees: DeepSeek-V3 (256 experts: 32 at EP 8, 8 at EP 32), Qwen3-30B-A3B (128:
+# all, or 16 at EP 8), DeepSeek-V2-Lite (64: 16 at EP 4) and the dsv3-proxy model (256: all, or 64
+# at EP 4). The problems with few groups of few rows are a handful of tiles and tens of
+# microseconds: there the fixed costs of a launch and the fill of the GPU decide.
 SMALL_GROUP_ROWS: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024)
+SMALL_GROUP_MATMULS: tuple[tuple[str, int, int, int], ...] = (  # (name, G, K, N)
+    ("dsv3-gateup", 32, 7168, 4096),
+    ("dsv3-down", 32, 2048, 7168),
+    ("dsv3-gateup", 8, 7168, 4096),
+    ("dsv3-down", 8, 2048, 7168),
+    ("qwen3-gateup", 128, 2048, 1536),
+    ("qwen3-down", 128, 768, 2048),
+    ("qwen3-gateup", 16, 2048, 1536),
+    ("qwen3-down", 16, 768, 2048),
+    ("dsv2lite-gateup", 16, 2048, 2816),
+    ("dsv2lite-down", 16, 1408, 2048),
+    ("dsv3proxy-gateup", 256, 1024, 512),
+    ("dsv3proxy-down", 256, 256, 1024),
+    ("dsv3proxy-gateup", 64, 1024, 512),
+    ("dsv3proxy-down", 64, 256, 1024),
+)
 SMALL_GROUP_SHAPES: tuple[Shape, ...] = tuple(
     Shape(f"{name}-g{g}-r{rows}", rows * g, g, k, n)
-    for name, g, k, n in (
-        ("dsv3-gateup", 32, 7168, 4096),
-        ("dsv3-down", 32, 2048, 7168),
-        ("qwen3-gateup", 128, 2048, 1536),
-        ("qwen3-down", 128, 768, 2048),
-    )
+    for name, g, k, n in SMALL_GROUP_MATMULS
     for rows in SMALL_GROUP_ROWS
 )
 

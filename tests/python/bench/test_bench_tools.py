@@ -148,7 +148,8 @@ def test_the_shape_list_selects_every_set_by_name():
     assert shapes.select_shapes(None) == shapes.SHAPES
     assert shapes.select_shapes("fine") == shapes.FINE_SHAPES
     sweep = shapes.select_shapes("small-groups")
-    assert len({s.name for s in sweep}) == len(sweep) == 4 * len(shapes.SMALL_GROUP_ROWS)
+    cases = len(shapes.SMALL_GROUP_MATMULS) * len(shapes.SMALL_GROUP_ROWS)
+    assert len({s.name for s in sweep}) == len(sweep) == cases
     assert all(s.m == s.g * int(s.name.rsplit("-r", 1)[1]) for s in sweep)
     assert shapes.select_shapes(sweep[3].name) == (sweep[3],)
     for s in sweep[:2]:
