@@ -279,7 +279,8 @@ sl_status naive_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_
  * the device's per-block limit (less the kernel's static shared memory) leaves room for it: then
  * b->table = NULL and *smem = pipe_bytes + the table. Otherwise in the workspace a.table, where
  * table_kernel builds it now (bm, tiles_n, tiles_per_group, layout: build_group_table's), and
- * *smem = pipe_bytes; with no workspace, an error naming `who`. b = a, then the choice. */
+ * *smem = pipe_bytes; with no workspace, an error naming `who`. b = a, then the choice. The
+ * kernel is allowed the device's whole opt-in shared memory once per device (cached). */
 sl_status place_table(const GmmArgs &a, GmmArgs *b, const void *kernel, size_t pipe_bytes, int bm,
                       int tiles_n, int tiles_per_group, int layout, cudaStream_t stream,
                       size_t *smem, const char *who);

@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <mutex>
 #include <type_traits>
 
 #include "../core/internal.h"
@@ -309,11 +310,6 @@ sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
                              tiles_k * tiles_n, kTilesPlain, stream, &smem,
                              TGMM ? "tgmm (sm80)" : "gmm (sm80)");
   if (st != SL_STATUS_SUCCESS) return st;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (err != cudaSuccess)
-    return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm80): %zu bytes of shared memory: %s", smem,
-                        cudaGetErrorString(err));
   /* Upper bound on tiles without reading device sizes; the grid is persistent anyway. */
   long long tiles = TGMM ? (long long)a.num_local_groups * tiles_k * tiles_n
                          : ((long long)(a.m + BM - 1) / BM + a.num_local_groups) * tiles_n;
@@ -321,7 +317,7 @@ sl_status launch(const GmmArgs &a, int num_sms, cudaStream_t stream) {
   if (!TGMM && a.m > 0 && grid < num_sms) grid = num_sms; /* zeroing rows needs the whole grid */
   if (grid < 1) grid = 1;
   kernel<<<(unsigned)grid, THREADS, smem, stream>>>(b);
-  err = cudaGetLastError();
+  cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (sm80): launch failed: %s",
                         cudaGetErrorString(err));
@@ -344,21 +340,66 @@ sl_status launch_t(const GmmArgs &a, bool tgmm, bool vec, int num_sms, cudaStrea
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+namespace {
+
+/* A kernel's shared-memory facts on one device, found once: its static bytes and the dynamic bytes
+ * it is allowed, raised to the device's opt-in limit on first use. Asking the runtime on every
+ * call (cudaFuncGetAttributes, cudaFuncSetAttribute) made a gmm call's host path 20 us instead of
+ * 15 (H200), which problems of tens of microseconds pay in full when XLA runs the call from the
+ * host. */
+struct KernelSmem {
+  const void *kernel;
+  int dev;
+  size_t static_bytes;
+  int dynamic_limit;
+};
+constexpr int kKernelSmemSlots = 64;
+KernelSmem g_kernel_smem[kKernelSmemSlots];
+int g_kernel_smem_used = 0;
+std::mutex g_kernel_smem_mutex;
+
+cudaError_t kernel_smem(const void *kernel, KernelSmem *out) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  std::lock_guard<std::mutex> lock(g_kernel_smem_mutex);
+  for (int i = 0; i < g_kernel_smem_used; ++i)
+    if (g_kernel_smem[i].kernel == kernel && g_kernel_smem[i].dev == dev) {
+      *out = g_kernel_smem[i];
+      return cudaSuccess;
+    }
+  KernelSmem k{kernel, dev, 0, 0};
+  int optin = 0;
+  cudaFuncAttributes fa;
+  err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&fa, kernel);
+  if (err != cudaSuccess) return err;
+  k.static_bytes = fa.sharedSizeBytes;
+  k.dynamic_limit = optin - (int)fa.sharedSizeBytes;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, k.dynamic_limit);
+  if (err != cudaSuccess) return err;
+  if (g_kernel_smem_used < kKernelSmemSlots) g_kernel_smem[g_kernel_smem_used++] = k;
+  *out = k;
+  return cudaSuccess;
+}
+
+} /* namespace */
+
 sl_status place_table(const GmmArgs &a, GmmArgs *b, const void *kernel, size_t pipe_bytes, int bm,
                       int tiles_n, int tiles_per_group, int layout, cudaStream_t stream,
                       size_t *smem, const char *who) {
   *b = a;
   const size_t table = (size_t)table_ints(a.num_local_groups) * sizeof(int);
-  int dev = 0, limit = 0;
-  cudaFuncAttributes fa;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&fa, kernel);
+  KernelSmem ks;
+  cudaError_t err = kernel_smem(kernel, &ks);
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: shared memory limits: %s", who,
                         cudaGetErrorString(err));
-  if (fa.sharedSizeBytes + pipe_bytes + table <= (size_t)limit) {
+  if (pipe_bytes > (size_t)ks.dynamic_limit)
+    return sl_set_error(SL_STATUS_UNSUPPORTED,
+                        "%s: the kernel needs %zu bytes of shared memory; this device allows %d",
+                        who, pipe_bytes, ks.dynamic_limit);
+  if (pipe_bytes + table <= (size_t)ks.dynamic_limit) {
     b->table = nullptr; /* each CTA builds it in its shared memory */
     *smem = pipe_bytes + table;
     return SL_STATUS_SUCCESS;
@@ -368,8 +409,8 @@ sl_status place_table(const GmmArgs &a, GmmArgs *b, const void *kernel, size_t p
                         "%s: the group table of %d local groups (%zu bytes) does not fit in "
                         "shared memory beside the kernel's own %zu bytes (this device allows %d "
                         "per block); pass a workspace of sl_gmm_cuda_workspace_size() bytes",
-                        who, a.num_local_groups, table, (size_t)fa.sharedSizeBytes + pipe_bytes,
-                        limit);
+                        who, a.num_local_groups, table, ks.static_bytes + pipe_bytes,
+                        ks.dynamic_limit + (int)ks.static_bytes);
   sm80::table_kernel<<<1, 1024, 0, stream>>>(a, bm, tiles_n, tiles_per_group, layout);
   err = cudaGetLastError();
   if (err != cudaSuccess)
@@ -396,12 +437,8 @@ sl_status naive_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_
   sl_status st = place_table(a, &b, (const void *)kernel, 0, tgmm ? 0 : 1, 1, 1, kTilesPlain,
                              stream, &smem, tgmm ? "tgmm (f32)" : "gmm (f32)");
   if (st != SL_STATUS_SUCCESS) return st;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (err == cudaSuccess) {
-    kernel<<<num_sms * 8, 256, smem, stream>>>(b);
-    err = cudaGetLastError();
-  }
+  kernel<<<num_sms * 8, 256, smem, stream>>>(b);
+  cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "gmm (f32): launch failed: %s",
                         cudaGetErrorString(err));

@@ -430,10 +430,6 @@ inline sl_status launch_persistent(const void *kernel, size_t pipe_bytes, int ta
                              layout, stream, &smem, who);
   if (st != SL_STATUS_SUCCESS) return st;
   b.store_per_box = per_box;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (err != cudaSuccess)
-    return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: %zu bytes of shared memory: %s", who, smem,
-                        cudaGetErrorString(err));
   if (grid < 1) grid = 1;
   void *args[7] = {(void *)&maps[0], (void *)&maps[1], (void *)&maps[2], (void *)&maps[3],
                    (void *)&maps[4], (void *)&maps[5], (void *)&b};
