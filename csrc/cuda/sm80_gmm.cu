@@ -395,8 +395,8 @@ sl_status place_table(const GmmArgs &a, GmmArgs *b, const void *kernel, size_t p
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: shared memory limits: %s", who,
                         cudaGetErrorString(err));
-  if (pipe_bytes > (size_t)ks.dynamic_limit)
-    return sl_set_error(SL_STATUS_UNSUPPORTED,
+  if (pipe_bytes > (size_t)ks.dynamic_limit) /* (an error, not UNSUPPORTED: no silent fallback) */
+    return sl_set_error(SL_STATUS_CUDA_ERROR,
                         "%s: the kernel needs %zu bytes of shared memory; this device allows %d",
                         who, pipe_bytes, ks.dynamic_limit);
   if (pipe_bytes + table <= (size_t)ks.dynamic_limit) {
