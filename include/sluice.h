@@ -44,6 +44,7 @@ typedef enum sl_dtype {
   SL_DTYPE_BF16 = 1,
   SL_DTYPE_F16 = 2,
   SL_DTYPE_I32 = 3,
+  SL_DTYPE_F8E4M3 = 4, /* float8_e4m3fn (1 sign, 4 exponent, 3 mantissa bits; no inf): FP8 gmm */
 } sl_dtype;
 
 /* The name of a status ("SL_STATUS_INVALID_ARGUMENT"). Never NULL. Thread-safe. */
@@ -140,6 +141,44 @@ sl_status sl_gmm_cuda(const sl_gmm_desc *desc, const void *lhs, const void *rhs,
 sl_status sl_tgmm_cuda(const sl_gmm_desc *desc, const void *lhs, const void *rhs,
                        const int32_t *group_sizes, const int32_t *group_offset, void *out,
                        void *workspace, void *stream);
+
+/* ------------------------------------------------------------------------------------------------
+ * FP8 grouped GEMM with DeepSeek-V3's fine-grained scaling (python/sluice/ops/fp8.py states the
+ * quantization). Operands float8_e4m3fn (SL_DTYPE_F8E4M3), each with one f32 scale per block of 128
+ * along the contraction; output BF16 or F32 (out_dtype); rhs_dtype = lhs_dtype = SL_DTYPE_F8E4M3.
+ * Accumulation: the contraction runs in pieces of 128 (the scale blocks); a piece's sum of e4m3
+ * products is multiplied by its two scales and added to an f32 total.
+ *
+ * gmm_fp8 (the forward and the input gradient), desc as gmm's with transpose_rhs = 1, the only
+ * layout (the tensor cores read FP8 operands with the contraction contiguous):
+ *     out[rows of g] = (lhs . lhs_scale)[rows of g] @ ((rhs . rhs_scale)[j])^T
+ *     lhs [M, K], lhs_scale [M, ceil(K/128)]                            (1 x 128 blocks)
+ *     rhs [G_local, N, K], rhs_scale [G_local, ceil(N/128), ceil(K/128)] (128 x 128 blocks)
+ *   Rows of out outside the local groups: as gmm (zero, or unwritten with skip_unused_rows on CUDA).
+ * tgmm_fp8 (the weight gradient), desc as tgmm's (m rows, out [G_local, K, N]); both operands
+ *   transposed, the ragged rows contiguous:
+ *     out[j] = (lhs_t . lhs_scale)[:, rows of g] @ ((rhs_t . rhs_scale)[:, rows of g])^T
+ *     lhs_t [K, M], lhs_scale [ceil(M/128), K]; rhs_t [N, M], rhs_scale [ceil(M/128), N]
+ *   The scales are those of x [M, K] and dy [M, N] in 128 x 1 blocks: absolute 128-row blocks, one
+ *   scale per column, shared by the groups a block straddles. A local group with no rows gives 0.
+ * (x . s: every element times the scale of its block.) Batch, group_sizes, group_offset, the
+ * data-dependent values and the workspace (sl_gmm_cuda_workspace_size) as gmm and tgmm.
+ * The CPU calls take any sizes. The CUDA calls need an sm_90 device and 16-byte rows: K % 16 == 0
+ * (gmm_fp8), M % 16 == 0 (tgmm_fp8), N % 8 == 0, 16-byte aligned operands, and return
+ * SL_STATUS_UNSUPPORTED otherwise (zero padding of K or M changes no result: the Python ops pad).
+ * ----------------------------------------------------------------------------------------------*/
+sl_status sl_gmm_fp8_cpu(const sl_gmm_desc *desc, const void *lhs, const float *lhs_scale,
+                         const void *rhs, const float *rhs_scale, const int32_t *group_sizes,
+                         const int32_t *group_offset, void *out, int num_threads);
+sl_status sl_tgmm_fp8_cpu(const sl_gmm_desc *desc, const void *lhs_t, const float *lhs_scale,
+                          const void *rhs_t, const float *rhs_scale, const int32_t *group_sizes,
+                          const int32_t *group_offset, void *out, int num_threads);
+sl_status sl_gmm_fp8_cuda(const sl_gmm_desc *desc, const void *lhs, const float *lhs_scale,
+                          const void *rhs, const float *rhs_scale, const int32_t *group_sizes,
+                          const int32_t *group_offset, void *out, void *workspace, void *stream);
+sl_status sl_tgmm_fp8_cuda(const sl_gmm_desc *desc, const void *lhs_t, const float *lhs_scale,
+                           const void *rhs_t, const float *rhs_scale, const int32_t *group_sizes,
+                           const int32_t *group_offset, void *out, void *workspace, void *stream);
 
 /* 1 if the library was built with CUDA kernels, else 0. */
 int sl_has_cuda(void);

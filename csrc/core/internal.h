@@ -25,6 +25,11 @@ int sl_debug_enabled(void);
 /* swiglu's shape and dtype checks (swiglu_cpu.c), for the CPU and CUDA entry points alike. */
 sl_status sl_swiglu_desc_check(const sl_swiglu_desc *desc, const char *op);
 
+/* Checks an FP8 grouped GEMM descriptor (gmm_fp8 / tgmm_fp8, sluice.h): what sl_gmm_desc_check
+ * checks, plus lhs and rhs SL_DTYPE_F8E4M3, out BF16 or F32, and transpose_rhs = 1 for gmm_fp8.
+ * `op` names the call in the message. CPU and CUDA entry points both call it. */
+sl_status sl_gmm_fp8_check(const sl_gmm_desc *desc, int is_tgmm, const char *op);
+
 #ifdef __cplusplus
 }
 #endif
