@@ -1,7 +1,7 @@
 /* The CUDA entry points of a library built without CUDA (CMakeLists.txt builds this file instead of
- * csrc/cuda/, and the C tests link it): gmm, swiglu and the expert-parallel layout and fan ops
- * return SL_STATUS_UNSUPPORTED, and there is no device transport (sl_ep_comm_create with use_cuda,
- * and the *_cuda exchange ops in ep_comm.c, say so). */
+ * csrc/cuda/, and the C tests link it): gmm, gmm_fp8, swiglu and the expert-parallel layout and fan
+ * ops return SL_STATUS_UNSUPPORTED, and there is no device transport (sl_ep_comm_create with
+ * use_cuda, and the *_cuda exchange ops in ep_comm.c, say so). */
 #include "ep_internal.h"
 
 const ep_transport *const ep_device_transports[EP_NUM_DEVICE_TRANSPORTS] = {NULL};
@@ -31,6 +31,22 @@ sl_status sl_tgmm_cuda(const sl_gmm_desc *desc, const void *lhs, const void *rhs
   (void)desc, (void)lhs, (void)rhs, (void)group_sizes, (void)group_offset, (void)out;
   (void)workspace, (void)stream;
   return not_built("tgmm");
+}
+
+sl_status sl_gmm_fp8_cuda(const sl_gmm_desc *desc, const void *lhs, const float *lhs_scale,
+                          const void *rhs, const float *rhs_scale, const int32_t *group_sizes,
+                          const int32_t *group_offset, void *out, void *workspace, void *stream) {
+  (void)desc, (void)lhs, (void)lhs_scale, (void)rhs, (void)rhs_scale, (void)group_sizes;
+  (void)group_offset, (void)out, (void)workspace, (void)stream;
+  return not_built("gmm_fp8");
+}
+
+sl_status sl_tgmm_fp8_cuda(const sl_gmm_desc *desc, const void *lhs_t, const float *lhs_scale,
+                           const void *rhs_t, const float *rhs_scale, const int32_t *group_sizes,
+                           const int32_t *group_offset, void *out, void *workspace, void *stream) {
+  (void)desc, (void)lhs_t, (void)lhs_scale, (void)rhs_t, (void)rhs_scale, (void)group_sizes;
+  (void)group_offset, (void)out, (void)workspace, (void)stream;
+  return not_built("tgmm_fp8");
 }
 
 sl_status sl_swiglu_fwd_cuda(const sl_swiglu_desc *desc, const void *h, const float *row_weights,

@@ -107,8 +107,7 @@ static int is_float(sl_dtype t) {
   return t == SL_DTYPE_F32 || t == SL_DTYPE_BF16 || t == SL_DTYPE_F16;
 }
 
-sl_status sl_gmm_desc_check(const sl_gmm_desc *d, int is_tgmm) {
-  const char *op = is_tgmm ? "tgmm" : "gmm";
+sl_status sl_gmm_shape_check(const sl_gmm_desc *d, const char *op) {
   if (d == NULL) return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "%s: desc is NULL", op);
   if (d->struct_size < sizeof(sl_gmm_desc))
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
@@ -125,6 +124,15 @@ sl_status sl_gmm_desc_check(const sl_gmm_desc *d, int is_tgmm) {
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "%s: num_local_groups (%lld) exceeds num_groups (%lld)", op,
                         (long long)d->num_local_groups, (long long)d->num_groups);
+  if (d->m > INT32_MAX || d->k > INT32_MAX || d->n > INT32_MAX)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "%s: m, k and n must each fit in int32", op);
+  return SL_STATUS_SUCCESS;
+}
+
+sl_status sl_gmm_desc_check(const sl_gmm_desc *d, int is_tgmm) {
+  const char *op = is_tgmm ? "tgmm" : "gmm";
+  sl_status st = sl_gmm_shape_check(d, op);
+  if (st != SL_STATUS_SUCCESS) return st;
   if (!is_float(d->lhs_dtype) || !is_float(d->rhs_dtype) || !is_float(d->out_dtype))
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "%s: dtypes must be F32, BF16 or F16 (lhs=%d rhs=%d out=%d)", op,
@@ -134,14 +142,10 @@ sl_status sl_gmm_desc_check(const sl_gmm_desc *d, int is_tgmm) {
                         op, (int)d->lhs_dtype, (int)d->rhs_dtype);
   if (is_tgmm && d->transpose_rhs)
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "tgmm: transpose_rhs is not supported");
-  if (d->m > INT32_MAX || d->k > INT32_MAX || d->n > INT32_MAX)
-    return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "%s: m, k and n must each fit in int32", op);
   return SL_STATUS_SUCCESS;
 }
 
-/* Validates the host-visible group sizes of one batch entry and returns the local window
- * [row_begin, row_end) and the first local group's start row in *starts (G_local + 1 entries). */
-static sl_status local_rows(const char *op, const sl_gmm_desc *d, const int32_t *gs,
+sl_status sl_gmm_local_rows(const char *op, const sl_gmm_desc *d, const int32_t *gs,
                             const int32_t *goff, int64_t b, int64_t *starts) {
   int64_t off = goff ? goff[0] : 0;
   if (off < 0 || off > d->num_groups - d->num_local_groups)
@@ -239,7 +243,7 @@ static sl_status run(int is_tgmm, const sl_gmm_desc *d, const void *lhs, const v
   int64_t *starts = malloc(sizeof(int64_t) * (size_t)(B * (GL + 1)));
   if (!starts) return sl_set_error(SL_STATUS_OUT_OF_MEMORY, "%s: out of host memory", op);
   for (int64_t b = 0; b < B; ++b) {
-    st = local_rows(op, d, group_sizes + b * G, group_offset ? group_offset + b : NULL, b,
+    st = sl_gmm_local_rows(op, d, group_sizes + b * G, group_offset ? group_offset + b : NULL, b,
                     starts + b * (GL + 1));
     if (st != SL_STATUS_SUCCESS) {
       free(starts);

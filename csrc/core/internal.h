@@ -25,6 +25,18 @@ int sl_debug_enabled(void);
 /* swiglu's shape and dtype checks (swiglu_cpu.c), for the CPU and CUDA entry points alike. */
 sl_status sl_swiglu_desc_check(const sl_swiglu_desc *desc, const char *op);
 
+/* The shape rules of every grouped GEMM descriptor (gmm_cpu.c): desc not NULL, struct_size,
+ * batch >= 1, sizes non-negative, G_local <= G, m, k and n within int32. `op` names the call in
+ * the message. sl_gmm_desc_check adds the 16/32-bit ops' dtype rules, sl_gmm_fp8_check FP8's. */
+sl_status sl_gmm_shape_check(const sl_gmm_desc *desc, const char *op);
+
+/* The data-dependent checks of one batch entry `b` of a CPU grouped GEMM (gmm_cpu.c): a negative
+ * size, sum(group_sizes) > m or an offset outside [0, G - G_local] is SL_STATUS_INVALID_VALUE with
+ * a message naming the value. On success starts[0..G_local] holds the local groups' row boundaries
+ * (local group j spans rows [starts[j], starts[j + 1])). group_offset may be NULL (0). */
+sl_status sl_gmm_local_rows(const char *op, const sl_gmm_desc *desc, const int32_t *group_sizes,
+                            const int32_t *group_offset, int64_t b, int64_t *starts);
+
 /* Checks an FP8 grouped GEMM descriptor (gmm_fp8 / tgmm_fp8, sluice.h): what sl_gmm_desc_check
  * checks, plus lhs and rhs SL_DTYPE_F8E4M3, out BF16 or F32, and transpose_rhs = 1 for gmm_fp8.
  * `op` names the call in the message. CPU and CUDA entry points both call it. */

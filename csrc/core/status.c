@@ -40,6 +40,7 @@ size_t sl_dtype_size(sl_dtype dtype) {
     case SL_DTYPE_BF16: return 2;
     case SL_DTYPE_F16: return 2;
     case SL_DTYPE_I32: return 4;
+    case SL_DTYPE_F8E4M3: return 1;
   }
   return 0;
 }
