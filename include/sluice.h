@@ -319,6 +319,14 @@ typedef struct sl_ep_desc {
   int64_t num_ranks;   /* R of the communicator (checked) */
   sl_dtype dtype;      /* of the rows: F32, BF16 or F16 */
   int64_t tag;         /* names the op instance in the program (see Exchanges) */
+  /* N, the rows of the receiving side: dispatch's recv_x, recv_idx, recv_w and recv_src, combine's
+   * y (and y_w), redispatch's out and recv_src; 0 = T*R, the worst case. dispatch: N <= T*R; a
+   * routing that sends a rank more than N rows is the caller's to split (sluice.ep.bounded_moe
+   * sends it in rounds): the CPU call fails on every rank with SL_STATUS_INVALID_VALUE naming the
+   * rank and its rows, the CUDA calls leave the rows past N out (send_row -1; SLUICE_DEBUG=1: an
+   * error). combine: send_row in [-1, N). redispatch: recv_src in [-1, T*R) (row t of rank s's
+   * g [T, H] for s*T + t), any N >= 1: a gather of N rows from the peers. */
+  int64_t recv_rows;
 } sl_ep_desc;
 
 sl_ep_desc sl_ep_desc_default(void);

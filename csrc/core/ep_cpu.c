@@ -71,6 +71,10 @@ static sl_status check_desc(const sl_ep_desc *d, const char *op) {
   if (d->num_tokens > 0 && d->num_ranks > INT32_MAX / d->num_tokens)
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "ep %s: T*R = %lld*%lld does not fit in int32",
                         op, (long long)d->num_tokens, (long long)d->num_ranks);
+  if (d->recv_rows < 0 || d->recv_rows > INT32_MAX)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep %s: recv_rows=%lld must be in [0, INT32_MAX] (0: T*R)", op,
+                        (long long)d->recv_rows);
   return SL_STATUS_SUCCESS;
 }
 
@@ -128,6 +132,7 @@ static void post_init(ep_post *p, int op, const sl_ep_desc *d) {
   p->dims[2] = d->topk;
   p->dims[3] = d->num_experts;
   p->dims[4] = d->dtype;
+  p->dims[5] = ep_recv_rows(d);
 }
 
 static void post_fail(ep_post *p, sl_status st) {
@@ -154,12 +159,12 @@ static sl_status check_posts(const ep_exchange *x, int R, int group, const ep_po
     if (memcmp(p->dims, mine->dims, sizeof p->dims) != 0)
       return sl_set_error(
           SL_STATUS_INVALID_ARGUMENT,
-          "ep %s: rank %d of group %d has (T, H, k, E, dtype) = (%lld, %lld, %lld, %lld, "
-          "%lld), this rank (%lld, %lld, %lld, %lld, %lld)",
+          "ep %s: rank %d of group %d has (T, H, k, E, dtype, N) = (%lld, %lld, %lld, %lld, "
+          "%lld, %lld), this rank (%lld, %lld, %lld, %lld, %lld, %lld)",
           op, r, group, (long long)p->dims[0], (long long)p->dims[1], (long long)p->dims[2],
-          (long long)p->dims[3], (long long)p->dims[4], (long long)mine->dims[0],
-          (long long)mine->dims[1], (long long)mine->dims[2], (long long)mine->dims[3],
-          (long long)mine->dims[4]);
+          (long long)p->dims[3], (long long)p->dims[4], (long long)p->dims[5],
+          (long long)mine->dims[0], (long long)mine->dims[1], (long long)mine->dims[2],
+          (long long)mine->dims[3], (long long)mine->dims[4], (long long)mine->dims[5]);
   }
   return SL_STATUS_SUCCESS;
 }
@@ -201,7 +206,7 @@ static sl_status cpu_dispatch(sl_ep_comm *c, ep_site at, const sl_ep_desc *d, co
   sl_status st = open_op(c, d, op);
   if (st) return st;
   const int64_t R = c->num_ranks, T = d->num_tokens, H = d->hidden, k = d->topk;
-  const int64_t L = d->num_experts / R, N = T * R;
+  const int64_t L = d->num_experts / R, N = ep_recv_rows(d);
   const size_t row_bytes = (size_t)H * sl_dtype_size(d->dtype);
 
   int32_t *send_counts = calloc((size_t)R, sizeof *send_counts);
@@ -211,6 +216,10 @@ static sl_status cpu_dispatch(sl_ep_comm *c, ep_site at, const sl_ep_desc *d, co
   /* Our own layout first: positions within each destination's block, into send_row for now. */
   st = sl_ep_layout_cpu(d, topk_idx, send_row, send_counts, NULL);
   if (st) post_fail(&mine, st);
+  if (!st && N > T * R)
+    post_fail(&mine, sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                                  "recv_rows=%lld is more than T*R = %lld (the worst case)",
+                                  (long long)N, (long long)(T * R)));
   mine.p[0] = x;
   mine.p[1] = topk_idx;
   mine.p[2] = topk_w;
@@ -221,6 +230,20 @@ static sl_status cpu_dispatch(sl_ep_comm *c, ep_site at, const sl_ep_desc *d, co
   if (st) {
     free(send_counts);
     return st;
+  }
+  /* Every rank checks every receiver's rows against N, so all return the same error. */
+  for (int64_t r = 0; r < R; ++r) {
+    int64_t rows = 0;
+    for (int64_t s = 0; s < R; ++s) rows += ((const int32_t *)ep_post_of(ex, (int)s)->p[4])[r];
+    if (rows > N) {
+      sl_status st2 = ep_leave(c, group, rank, ex, op); /* the peers read send_counts until then */
+      free(send_counts);
+      if (st2) return st2;
+      return sl_set_error(SL_STATUS_INVALID_VALUE,
+                          "ep dispatch: rank %lld of group %d would receive %lld rows, more than "
+                          "recv_rows=%lld (send it its rows in several calls)",
+                          (long long)r, group, (long long)rows, (long long)N);
+    }
   }
 
   /* Gather: source by source, token by token. */
@@ -279,7 +302,8 @@ static sl_status cpu_combine(sl_ep_comm *c, ep_site at, const sl_ep_desc *d, con
   const int group = at.group, rank = at.rank;
   sl_status st = open_op(c, d, op);
   if (st) return st;
-  const int64_t R = c->num_ranks, T = d->num_tokens, H = d->hidden, k = d->topk, N = T * R;
+  const int64_t R = c->num_ranks, T = d->num_tokens, H = d->hidden, k = d->topk;
+  const int64_t N = ep_recv_rows(d);
   ep_post mine;
   post_init(&mine, EP_OP_COMBINE, d);
   mine.dims[2] = y_w ? k : 0; /* every rank must agree on carrying weights or not */
@@ -331,16 +355,16 @@ static sl_status cpu_redispatch(sl_ep_comm *c, ep_site at, const sl_ep_desc *d, 
   const int group = at.group, rank = at.rank;
   sl_status st = open_op(c, d, op);
   if (st) return st;
-  const int64_t R = c->num_ranks, T = d->num_tokens, H = d->hidden, N = T * R;
+  const int64_t R = c->num_ranks, T = d->num_tokens, H = d->hidden, N = ep_recv_rows(d);
   const size_t row_bytes = (size_t)H * sl_dtype_size(d->dtype);
   ep_post mine;
   post_init(&mine, EP_OP_REDISPATCH, d);
   mine.dims[2] = 0; /* k plays no part */
   for (int64_t i = 0; i < N && mine.status == SL_STATUS_SUCCESS; ++i)
-    if (recv_src[i] < -1 || recv_src[i] >= N) {
+    if (recv_src[i] < -1 || recv_src[i] >= T * R) {
       sl_set_error(SL_STATUS_INVALID_VALUE,
                    "recv_src[%lld] = %d is outside [-1, %lld) (not a handle from dispatch?)",
-                   (long long)i, recv_src[i], (long long)N);
+                   (long long)i, recv_src[i], (long long)(T * R));
       post_fail(&mine, SL_STATUS_INVALID_VALUE);
     }
   mine.p[0] = g;

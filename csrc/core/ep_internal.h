@@ -19,7 +19,7 @@ enum { EP_MAX_PTRS = 6 };
 /* What one rank publishes at an exchange. The pointers stay valid until that rank leaves it. */
 typedef struct ep_post {
   int op;
-  int64_t dims[5]; /* T, H, k, E, dtype: every rank must agree */
+  int64_t dims[6]; /* T, H, k, E, dtype, N (recv rows): every rank must agree */
   const void *p[EP_MAX_PTRS];
   sl_status status; /* a rank whose own arguments are bad still posts, with its error */
   char msg[384];
@@ -94,6 +94,11 @@ extern const ep_transport ep_transport_cpu;
  * CUDA build (csrc/cuda/ep_common.cu) or, built without CUDA, by csrc/core/cuda_stub.c. */
 enum { EP_NUM_DEVICE_TRANSPORTS = SL_EP_TRANSPORT_NCCL + 1 };
 extern const ep_transport *const ep_device_transports[EP_NUM_DEVICE_TRANSPORTS];
+
+/* N of an exchange op: desc->recv_rows, or T*R where it is 0. */
+static inline int64_t ep_recv_rows(const sl_ep_desc *d) {
+  return d->recv_rows > 0 ? d->recv_rows : d->num_tokens * d->num_ranks;
+}
 
 /* fan_out on CUDA sorts in chunks of whole rows, at most 1024 slots each. */
 static inline int64_t ep_fan_chunk_rows(int64_t k) { return k >= 1024 ? 1 : 1024 / k; }

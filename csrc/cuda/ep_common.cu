@@ -94,6 +94,10 @@ sl_status check_cuda_desc(const State *st, const sl_ep_desc *d, const char *op) 
                         (long long)d->num_ranks);
   if (d->dtype != SL_DTYPE_F32 && d->dtype != SL_DTYPE_BF16 && d->dtype != SL_DTYPE_F16)
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "ep %s: rows must be f32, bf16 or f16", op);
+  if (d->recv_rows < 0 || d->recv_rows > INT32_MAX)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "ep %s: recv_rows=%lld must be in [0, INT32_MAX] (0: T*R)", op,
+                        (long long)d->recv_rows);
   return SL_STATUS_SUCCESS;
 }
 
@@ -160,6 +164,15 @@ sl_status finish_op(sl_ep_comm *c, State *st, Rank *rk, cudaStream_t s, const ch
         "ep %s: rank %d: %d topk_idx slot(s) outside [-1, E) or repeating an expert of "
         "the same token (treated as -1; SLUICE_DEBUG=1 reports them)",
         op, rk->rank, n);
+  }
+  if (rk->err_host->lost_rows) {
+    const int n = rk->err_host->lost_rows;
+    rk->err_host->lost_rows = 0;
+    return sl_set_error(SL_STATUS_INVALID_VALUE,
+                        "ep %s: rank %d: %d of its rows would land past a receiver's recv_rows "
+                        "(not delivered; send them in several calls, as sluice.ep.bounded_moe "
+                        "does)",
+                        op, rk->rank, n);
   }
   return SL_STATUS_SUCCESS;
 }

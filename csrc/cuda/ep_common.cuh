@@ -67,7 +67,8 @@ struct EpErr {                 /* host-mapped; written by the device once, read 
   int code;                    /* 0 fine, 1 timed out */
   int rank, waited_for, phase; /* phase 1: arrive, 2: finish */
   unsigned long long seq;
-  int bad_ids; /* slots treated as -1 (out of range or repeated): reported with SLUICE_DEBUG=1 */
+  int bad_ids;   /* slots treated as -1 (out of range or repeated): reported with SLUICE_DEBUG=1 */
+  int lost_rows; /* dispatch rows past the receiver's recv_rows, not delivered (SLUICE_DEBUG=1) */
 };
 
 /* IPC: a rank's buffer is the EpBuf, then (at kHdr) its staging area of stage_bytes. */
@@ -288,6 +289,7 @@ struct RedispatchArgs {
   char *out;
   int T, vec;
   int64_t row_bytes;
+  int64_t N; /* rows of out and recv_src (sl_ep_desc.recv_rows); recv_src reads rows of T*R */
   /* mode 0: pull from the peers' g (PEER); 1: from srcs (IPC staging areas), meeting the peers;
    * 2: from srcs, local (NCCL, after the exchange) */
   int mode;

@@ -33,6 +33,8 @@ struct GatherArgs {
   float *recv_w;
   int R, me, T, k, E, L, vec;
   int64_t row_bytes;
+  int64_t N;      /* receive rows (sl_ep_desc.recv_rows): rows past it are left out */
+  int *lost_rows; /* counts my rows that a receiver left out */
 };
 
 __global__ void __launch_bounds__(kThreads) nccl_gather_kernel(GatherArgs a) {
@@ -44,7 +46,7 @@ __global__ void __launch_bounds__(kThreads) nccl_gather_kernel(GatherArgs a) {
       lo[s] = o;
       o += a.cnt[s * R + me];
     }
-    lo[R] = o;
+    lo[R] = o < a.N ? o : (int)a.N;
     for (int d = 0; d < R; ++d) {
       int b = 0;
       for (int s = 0; s < me; ++s) b += a.cnt[s * R + d];
@@ -52,13 +54,14 @@ __global__ void __launch_bounds__(kThreads) nccl_gather_kernel(GatherArgs a) {
     }
   }
   __syncthreads();
-  const int64_t N = (int64_t)a.T * R;
+  const int64_t N = (int64_t)a.T * R; /* every source's tokens */
   const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), nw = gridDim.x * kWarps;
   for (int64_t i = gw; i < N; i += nw) {
     const int s = (int)(i / a.T), t = (int)(i % a.T);
     const int p = a.pos[(int64_t)s * N + (int64_t)t * R + me];
     if (p < 0) continue;
     const int64_t row = lo[s] + p;
+    if (row >= a.N) continue; /* past my receive rows: not delivered */
     any_copy_row(a.recv_x + row * a.row_bytes, a.xs[s] + (int64_t)t * a.row_bytes, a.row_bytes,
                  a.vec, lane);
     int e = lane < a.k ? a.idxs[s][(int64_t)t * a.k + lane] : -1;
@@ -71,7 +74,7 @@ __global__ void __launch_bounds__(kThreads) nccl_gather_kernel(GatherArgs a) {
     }
     if (lane == 0) a.recv_src[row] = s * a.T + t;
   }
-  for (int64_t r = lo[R] + gw; r < N; r += nw) {
+  for (int64_t r = lo[R] + gw; r < a.N; r += nw) {
     zero_row(a.recv_x + r * a.row_bytes, a.row_bytes, a.vec, lane);
     if (lane < a.k) {
       a.recv_idx[r * a.k + lane] = -1;
@@ -82,7 +85,9 @@ __global__ void __launch_bounds__(kThreads) nccl_gather_kernel(GatherArgs a) {
   const int tid = blockIdx.x * blockDim.x + threadIdx.x, nt = gridDim.x * blockDim.x;
   for (int64_t i = tid; i < (int64_t)a.T * R; i += nt) {
     const int p = a.pos[(int64_t)me * N + i];
-    a.send_row[i] = p >= 0 ? at_peer[i % R] + p : -1;
+    const int64_t row = p >= 0 ? at_peer[i % R] + (int64_t)p : -1;
+    if (row >= a.N) atomicAdd(a.lost_rows, 1);
+    a.send_row[i] = row >= 0 && row < a.N ? (int)row : -1;
   }
   for (int e = tid; e < a.L; e += nt) {
     int sum = 0;
@@ -275,6 +280,7 @@ sl_status nccl_dispatch(State *st, Rank *rk, const sl_ep_desc *d, cudaStream_t s
   g.num_recv = num_recv, g.counts = counts, g.send_row = send_row, g.recv_w = recv_w;
   g.R = R, g.me = me, g.T = (int)T, g.k = (int)k, g.E = (int)E, g.L = (int)L;
   g.row_bytes = rb, g.vec = vec_of(rb);
+  g.N = ep_recv_rows(d), g.lost_rows = &rk->err_dev->lost_rows;
   nccl_gather_kernel<<<rk->local_blocks, kThreads, 0, s>>>(g);
   return SL_STATUS_SUCCESS;
 }
@@ -348,7 +354,7 @@ sl_status nccl_redispatch(State *st, Rank *rk, const sl_ep_desc *d, cudaStream_t
   memset(&a, 0, sizeof a);
   a.c.rank = me, a.c.R = R;
   a.g = (const char *)g, a.recv_src = recv_src, a.out = (char *)out;
-  a.T = (int)T, a.row_bytes = rb, a.vec = vec_of(rb), a.mode = 2;
+  a.T = (int)T, a.row_bytes = rb, a.vec = vec_of(rb), a.mode = 2, a.N = ep_recv_rows(d);
   for (int p = 0; p < R; ++p) a.srcs[p] = p == me ? (const char *)g : b + p * T * rb;
   launch_redispatch(rk->local_blocks, s, a);
   return SL_STATUS_SUCCESS;

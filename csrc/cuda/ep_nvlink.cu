@@ -43,6 +43,8 @@ struct DispatchArgs {
   int *bad;
   int T, k, E, L, vec;
   int64_t row_bytes;
+  int64_t N;      /* every rank's receive rows (sl_ep_desc.recv_rows): rows past it are left out */
+  int *lost_rows; /* counts them (SLUICE_DEBUG=1 reports them) */
   /* IPC: rows for a peer go into its staging area (rows, then idx, w, src at these offsets); the
    * rows s -> d of this call go to cnt_all for the copy-out kernel */
   int staged;
@@ -54,7 +56,7 @@ struct DispatchArgs {
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchArgs a) {
   const Ctl &c = a.c;
   const int R = c.R, me = c.rank, lane = threadIdx.x & 31;
-  const int64_t N = (int64_t)a.T * R;
+  const int64_t N = a.N;
   /* 1. publish: my counts to every rank, my output addresses, my slots per expert of each rank */
   if (blockIdx.x == 0) {
     for (int i = threadIdx.x; i < R * R; i += blockDim.x) {
@@ -100,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchArgs a) {
       const volatile Mail *mail = c.bufs[me]->mail;
       int tot = 0;
       for (int s = 0; s < R; ++s) tot += mail[s].counts[me];
-      mine_total = tot;
+      mine_total = tot < N ? tot : (int)N;
     }
   }
   __syncthreads();
@@ -113,7 +115,13 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(DispatchArgs a) {
       e = clean_expert(e, lane, a.k, a.E, nullptr); /* the layout kernel counted the bad ones */
       const int dest = e >= 0 ? e / a.L : -1;
       unsigned mask = __reduce_or_sync(0xffffffffu, dest >= 0 ? 1u << dest : 0u);
-      const int pos = lane < R ? a.send_row[(int64_t)t * R + lane] : -1;
+      int pos = lane < R ? a.send_row[(int64_t)t * R + lane] : -1;
+      /* a row past the receiver's N is not delivered (the caller sends it in another call) */
+      if (pos >= 0 && off[lane] + (int64_t)pos >= N) {
+        atomicAdd(a.lost_rows, 1);
+        pos = -1;
+      }
+      mask &= __ballot_sync(0xffffffffu, lane >= R || pos >= 0);
       if (a.vec == 16) {
         /* the row is read once and stored to every destination */
         constexpr int U = 8;
@@ -189,6 +197,7 @@ struct CopyOutArgs {
   float *recv_w;
   int R, me, T, k, vec;
   int64_t row_bytes;
+  int64_t N; /* receive rows: the rows past it were not delivered */
 };
 
 __global__ void __launch_bounds__(kThreads) copy_out_kernel(CopyOutArgs a) {
@@ -199,7 +208,7 @@ __global__ void __launch_bounds__(kThreads) copy_out_kernel(CopyOutArgs a) {
       lo[s] = o;
       o += a.cnt_all[s * a.R + a.me];
     }
-    lo[a.R] = o;
+    lo[a.R] = o < a.N ? o : (int)a.N;
   }
   __syncthreads();
   const int lane = threadIdx.x & 31;
@@ -398,7 +407,7 @@ sl_status nvlink_dispatch(State *st, Rank *rk, const sl_ep_desc *d, cudaStream_t
   sl_status r;
   const int L = (int)(d->num_experts / d->num_ranks);
   const int64_t rb = d->hidden * (int64_t)sl_dtype_size(d->dtype);
-  const int64_t N = d->num_tokens * st->R;
+  const int64_t N = ep_recv_rows(d);
   const Areas ar = areas(N, rb, d->topk, 0);
   if (st->transport == SL_EP_TRANSPORT_IPC && (r = need_stage(st, ar.total, op))) return r;
   LayoutArgs la = {topk_idx,
@@ -434,6 +443,8 @@ sl_status nvlink_dispatch(State *st, Rank *rk, const sl_ep_desc *d, cudaStream_t
   a.L = L;
   a.row_bytes = rb;
   a.vec = vec_of(a.row_bytes);
+  a.N = N;
+  a.lost_rows = &rk->err_dev->lost_rows;
   if (st->transport == SL_EP_TRANSPORT_IPC) {
     a.staged = 1;
     for (int p = 0; p < st->R; ++p) a.stage[p] = (char *)rk->peer[p] + kHdr;
@@ -450,6 +461,7 @@ sl_status nvlink_dispatch(State *st, Rank *rk, const sl_ep_desc *d, cudaStream_t
     co.recv_x = (char *)recv_x, co.recv_idx = recv_idx, co.recv_src = recv_src, co.recv_w = recv_w;
     co.row_bytes = rb, co.vec = vec_of(rb);
     co.R = st->R, co.me = rk->rank, co.T = (int)d->num_tokens, co.k = (int)d->topk;
+    co.N = N;
     copy_out_kernel<<<rk->local_blocks, kThreads, 0, s>>>(co);
   }
   return SL_STATUS_SUCCESS;
@@ -496,7 +508,7 @@ sl_status nvlink_redispatch(State *st, Rank *rk, const sl_ep_desc *d, cudaStream
   const int64_t rb = d->hidden * (int64_t)sl_dtype_size(d->dtype);
   RedispatchArgs a = pull_args<RedispatchArgs>(st, rk);
   a.g = (const char *)g, a.recv_src = recv_src, a.out = (char *)out;
-  a.T = (int)d->num_tokens, a.row_bytes = rb, a.vec = vec_of(rb);
+  a.T = (int)d->num_tokens, a.row_bytes = rb, a.vec = vec_of(rb), a.N = ep_recv_rows(d);
   if (st->transport == SL_EP_TRANSPORT_IPC) {
     /* the peers read my g from my staging area: stage it first (stream-ordered; the previous call
      * on this stream waited for every peer to finish with my buffers) */

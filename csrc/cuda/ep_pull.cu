@@ -6,9 +6,9 @@
  * y straight from their memory (it meets the peers through the mailbox first); the local form
  * reads rows that IPC pushed into this rank's staging area, or that NCCL received.
  *
- * redispatch (combine's transpose): row i of out takes row t of source s's g, for recv_src[i] =
- * s*T + t (zeros for -1). PEER reads the peers' g, IPC their staging areas (meeting the peers),
- * NCCL the blocks it received (local).
+ * redispatch (combine's transpose): row i of out [N] takes row t of source s's g [T], for
+ * recv_src[i] = s*T + t (zeros for -1). PEER reads the peers' g, IPC their staging areas (meeting
+ * the peers), NCCL the blocks it received (local).
  */
 #include <stdint.h>
 
@@ -164,13 +164,14 @@ __device__ int64_t warp_lower_bound(const int *v, int64_t n, int64_t target, int
 __global__ void __launch_bounds__(kThreads) redispatch_kernel(RedispatchArgs a) {
   const Ctl &c = a.c;
   const int R = c.R, me = c.rank, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t N = (int64_t)a.T * R;
+  const int64_t N = a.N, rows_in = (int64_t)a.T * R;
   if (blockIdx.x == 0 && a.mode < 2) {
     if (threadIdx.x < R) c.bufs[threadIdx.x]->mail[me].ptr[0] = (unsigned long long)a.g;
     publish(c);
   }
   /* My rows are in (source, token) order, the unused ones (-1) last: warp s finds where source
-   * s's rows start (warp R: the unused ones), while the peers arrive. */
+   * s's rows start (warp R: the unused ones), while the peers arrive. A gather in any other order
+   * (sluice.ep's bounded rounds pull rows back to their tokens) still writes each row once. */
   __shared__ int64_t bound[kMaxRanks + 1];
   if (threadIdx.x == 0) bound[0] = 0;
   if (warp >= 1 && warp <= R) {
@@ -196,7 +197,7 @@ __global__ void __launch_bounds__(kThreads) redispatch_kernel(RedispatchArgs a) 
     auto pull = [&](int64_t r) {
       const int from = a.recv_src[r];
       char *o = a.out + r * a.row_bytes;
-      if (from < 0 || from >= N) {
+      if (from < 0 || from >= rows_in) {
         zero_row(o, a.row_bytes, a.vec, lane);
       } else {
         const int s = from / a.T, t = from % a.T;

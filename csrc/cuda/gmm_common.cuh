@@ -293,6 +293,8 @@ sl_status sm90_gmm_wgrad_launch(const GmmArgs &a, int num_sms, cudaStream_t stre
 /* Tests only (tests/gpu/test_gmm.cu): caps the persistent kernels' grid of the public calls at
  * `sms` SMs (0: every SM), so that small problems span many waves of tiles. Not thread-safe. */
 void gmm_set_grid_cap(int sms);
+/* The grid of a persistent kernel on a device of `sms` SMs: `sms`, or the cap above. */
+int gmm_grid_sms(int sms);
 
 } /* namespace sluice_cuda */
 

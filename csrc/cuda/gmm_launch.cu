@@ -251,6 +251,7 @@ sl_status run(const char *op, bool tgmm, const sl_gmm_desc *d, const void *lhs, 
 
 namespace sluice_cuda {
 void gmm_set_grid_cap(int sms) { g_grid_cap = sms > 0 ? sms : 0; }
+int gmm_grid_sms(int sms) { return g_grid_cap > 0 && g_grid_cap < sms ? g_grid_cap : sms; }
 } /* namespace sluice_cuda */
 
 extern "C" {

@@ -10,6 +10,8 @@
 
 #include <type_traits>
 
+#include "gmm_common.cuh"
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SLUICE_SM90A_DEVICE 1
 #endif
@@ -319,6 +321,32 @@ __device__ __forceinline__ void stage_f32(const float (&acc)[128], uint32_t cbas
     }
 }
 
+/* Masked stores of one 64-row accumulator half straight from registers: rows from row0, only
+ * rows < row_limit and columns < n. */
+template <int NREG>
+__device__ __forceinline__ void store_half_regs(const float (&acc)[NREG], void *out,
+                                                sl_dtype out_dtype, int n, int row0, int n0,
+                                                int row_limit, int warp, int lane) {
+  const bool pair_ok = (n % 2) == 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + warp * 16 + (lane >> 2) + h * 8;
+    if (row < row_limit) {
+#pragma unroll
+      for (int i = 0; i < NREG / 4; ++i) {
+        const int col = n0 + i * 8 + (lane & 3) * 2;
+        const size_t idx = (size_t)row * n + col;
+        const float v0 = acc[4 * i + 2 * h], v1 = acc[4 * i + 2 * h + 1];
+        if (pair_ok && col + 1 < n)
+          store_out2(out, out_dtype, idx, v0, v1);
+        else {
+          if (col < n) store_out(out, out_dtype, idx, v0);
+          if (col + 1 < n) store_out(out, out_dtype, idx + 1, v1);
+        }
+      }
+    }
+  }
+}
 #endif /* SLUICE_SM90A_DEVICE */
 
 } /* namespace sm90 */

@@ -374,9 +374,10 @@ inline bool make_map(CUtensorMap *map, const void *ptr, sl_dtype dt, int rank, c
   for (int i = 0; i < rank; ++i) d[i] = dims[i], b[i] = box[i];
   for (int i = 0; i + 1 < rank; ++i) st[i] = strides_bytes[i];
   CUresult r = encode(map,
-                      dt == SL_DTYPE_BF16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                      : dt == SL_DTYPE_F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
-                                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                      dt == SL_DTYPE_BF16     ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                      : dt == SL_DTYPE_F32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                      : dt == SL_DTYPE_F8E4M3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                       (cuuint32_t)rank, const_cast<void *>(ptr), d, st, b, es,
                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

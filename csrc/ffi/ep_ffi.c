@@ -4,12 +4,14 @@
  *
  * Exchange ops (attributes comm_id, num_ranks, num_experts, tag; `where` is int32 [2] = (group,
  * rank), read on the CPU only: on a GPU the rank is the device's place in the communicator;
- * N = T*R, L = E/R):
+ * N: the receiving side's rows, read from the buffers' shapes (sl_ep_desc.recv_rows): T*R at
+ * most for dispatch (the worst case), any N >= 1 for redispatch, 0 only where T*R is 0;
+ * L = E/R):
  * - dispatch: x [T,H], topk_idx s32 [T,k], topk_weights f32 [T,k], where -> recv_x [N,H],
  *   recv_idx s32 [N,k], recv_w f32 [N,k], num_recv s32 [1], counts s32 [L], send_row s32 [T,R],
  *   recv_src s32 [N]
  * - combine: y [N,H], (y_w f32 [N,k],) send_row [T,R], where -> out [T,H] (, out_w f32 [T,k])
- * - redispatch: g [T,H], recv_src [N], where -> out [N,H]
+ * - redispatch: g [T,H], recv_src [N] (s*T + t), where -> out [N,H]
  * Local ops (attributes num_local_experts, max_rows, skip_unused_rows; sl_ep_fan_desc):
  * - fan_out: recv_x [N,H], recv_idx [N,k] -> xs [M,H], group_sizes s32 [L], pos s32 [N,k],
  *   workspace u8 [sl_ep_fan_workspace_size] (CUDA scratch)
@@ -96,6 +98,21 @@ static XLA_FFI_Error *float_rows(ctx c, const XLA_FFI_Buffer *b, const char *wha
   return NULL;
 }
 
+/* N, the receiving side's rows of a call whose worst case is T*R: into desc->recv_rows. */
+static XLA_FFI_Error *recv_rows(ctx c, int64_t n, int64_t most, sl_ep_desc *d) {
+  const int64_t worst = d->num_tokens * d->num_ranks;
+  if (n < 0 || (n == 0 && worst > 0))
+    return sl_ffi_error(c.f, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                        "sluice ep %s: the receiving side has %lld rows; need at least 1", c.op,
+                        (long long)n);
+  if (most > 0 && n > most)
+    return sl_ffi_error(c.f, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                        "sluice ep %s: %lld receiving rows is more than T*R = %lld, the worst case",
+                        c.op, (long long)n, (long long)most);
+  d->recv_rows = n;
+  return NULL;
+}
+
 static XLA_FFI_Error *stream_of(ctx c, void **stream) {
   XLA_FFI_Error *err = NULL;
   *stream = sl_ffi_stream(c.f, &err);
@@ -118,8 +135,11 @@ static XLA_FFI_Error *dispatch(XLA_FFI_CallFrame *f, int on_cuda) {
   d.num_tokens = x->dims[0];
   if (idx->rank != 2) return expect(c, idx, "topk_idx", 2, (int64_t[]){-1, -1}, S32);
   d.topk = idx->dims[1];
-  const int64_t T = d.num_tokens, H = d.hidden, k = d.topk, R = d.num_ranks, N = T * R,
-                L = d.num_experts / R;
+  const int64_t T = d.num_tokens, H = d.hidden, k = d.topk, R = d.num_ranks, L = d.num_experts / R;
+  XLA_FFI_Buffer *rx0 = sl_ffi_ret(f, 0);
+  if (rx0->rank != 2) return expect(c, rx0, "recv_x", 2, (int64_t[]){-1, H}, x->dtype);
+  const int64_t N = rx0->dims[0];
+  TRY(recv_rows(c, N, T * R, &d));
   TRY(expect(c, idx, "topk_idx", 2, (int64_t[]){T, k}, S32));
   TRY(expect(c, w, "topk_weights", 2, (int64_t[]){T, k}, F32));
   XLA_FFI_Buffer *rx = sl_ffi_ret(f, 0), *ri = sl_ffi_ret(f, 1), *rw = sl_ffi_ret(f, 2),
@@ -158,9 +178,11 @@ static XLA_FFI_Error *combine(XLA_FFI_CallFrame *f, int on_cuda) {
   XLA_FFI_Buffer *out = sl_ffi_ret(f, 0), *ow = with_w ? sl_ffi_ret(f, 1) : NULL;
   const int64_t R = d.num_ranks;
   if (sr->rank != 2) return expect(c, sr, "send_row", 2, (int64_t[]){-1, R}, S32);
-  const int64_t T = sr->dims[0], N = T * R;
+  const int64_t T = sr->dims[0];
   TRY(float_rows(c, y, "y", &d));
   d.num_tokens = T;
+  const int64_t N = y->dims[0];
+  TRY(recv_rows(c, N, 0, &d));
   TRY(expect(c, sr, "send_row", 2, (int64_t[]){T, R}, S32));
   TRY(expect(c, y, "y", 2, (int64_t[]){N, d.hidden}, -1));
   TRY(expect(c, out, "out", 2, (int64_t[]){T, d.hidden}, y->dtype));
@@ -193,7 +215,9 @@ static XLA_FFI_Error *redispatch(XLA_FFI_CallFrame *f, int on_cuda) {
   XLA_FFI_Buffer *out = sl_ffi_ret(f, 0);
   TRY(float_rows(c, g, "g", &d));
   d.num_tokens = g->dims[0];
-  const int64_t N = d.num_tokens * d.num_ranks;
+  if (rs->rank != 1) return expect(c, rs, "recv_src", 1, (int64_t[]){-1}, S32);
+  const int64_t N = rs->dims[0];
+  TRY(recv_rows(c, N, 0, &d));
   TRY(expect(c, rs, "recv_src", 1, (int64_t[]){N}, S32));
   TRY(expect(c, out, "out", 2, (int64_t[]){N, d.hidden}, g->dtype));
   if (!on_cuda) {

@@ -518,6 +518,102 @@ static void test_fan(void) {
   }
 }
 
+/* recv_rows: dispatch into N < T*R rows (the unbounded rows, when they fit), a rank that would
+ * receive more fails on every rank, and redispatch as a gather of any N rows from the peers. */
+typedef struct bounded_arg {
+  world *w;
+  int rank;
+  int64_t n;     /* dispatch's recv_rows */
+  int64_t m;     /* the gather's rows */
+  int32_t *gsrc; /* [m] s*T + t, into the peers' x */
+  float *gout;   /* [m, H] */
+  sl_status st[2];
+  char msg[512];
+} bounded_arg;
+
+static void *bounded_main(void *p) {
+  bounded_arg *a = p;
+  world *w = a->w;
+  const int i = a->rank;
+  sl_ep_desc d = w->d;
+  d.tag = 21;
+  d.recv_rows = a->n;
+  a->st[0] = sl_ep_dispatch_cpu(w->comm, 0, i, &d, w->x[i], w->idx[i], w->w[i], w->rx[i], w->ri[i],
+                                w->rw[i], w->nr[i], w->cn[i], w->sr[i], w->rs[i]);
+  snprintf(a->msg, sizeof a->msg, "%s", sl_last_error());
+  d.tag = 22;
+  d.recv_rows = a->m;
+  a->st[1] = sl_ep_redispatch_cpu(w->comm, 0, i, &d, w->x[i], a->gsrc, a->gout);
+  return NULL;
+}
+
+static void test_recv_rows(void) {
+  const int R = 3;
+  const int64_t T = 7, H = 4, k = 2, E = 6;
+  sl_ep_comm_desc cd = sl_ep_comm_desc_default();
+  cd.num_ranks = R, cd.timeout_s = 20.0;
+  world w;
+  world_init(&w, 1, R, T, H, k, E, 0);
+  CHECK(sl_ep_comm_create(&cd, &w.comm) == SL_STATUS_SUCCESS, "comm_create");
+  run_world(&w); /* the unbounded reference */
+  for (int r = 0; r < R; ++r) CHECK(w.st[0][r] == SL_STATUS_SUCCESS, "reference: %s", w.msg[0][r]);
+  int64_t most = 1;
+  float *ref_rx[3];
+  int32_t *ref_rs[3], ref_nr[3];
+  for (int r = 0; r < R; ++r) {
+    most = *w.nr[r] > most ? *w.nr[r] : most;
+    ref_rx[r] = malloc(sizeof(float) * (size_t)(T * R * H));
+    ref_rs[r] = malloc(sizeof(int32_t) * (size_t)(T * R));
+    memcpy(ref_rx[r], w.rx[r], sizeof(float) * (size_t)(T * R * H));
+    memcpy(ref_rs[r], w.rs[r], sizeof(int32_t) * (size_t)(T * R));
+    ref_nr[r] = *w.nr[r];
+  }
+  for (int pass = 0; pass < 2; ++pass) { /* 0: N = the most rows a rank gets; 1: one fewer */
+    const int64_t n = pass == 0 ? most : most - 1, m = 5;
+    bounded_arg a[3];
+    pthread_t th[3];
+    for (int r = 0; r < R; ++r) {
+      a[r] = (bounded_arg){
+          &w, r, n, m, malloc(sizeof(int32_t) * m), poisoned(sizeof(float) * m * H), {0, 0}, ""};
+      for (int64_t j = 0; j < m; ++j) a[r].gsrc[j] = j == 2 ? -1 : rand_int(0, (int)(T * R) - 1);
+      memset(w.rx[r], 0xFF, sizeof(float) * (size_t)(T * R * H));
+      memset(w.rs[r], 0xFF, sizeof(int32_t) * (size_t)(T * R));
+    }
+    for (int r = 0; r < R; ++r) pthread_create(&th[r], NULL, bounded_main, &a[r]);
+    for (int r = 0; r < R; ++r) pthread_join(th[r], NULL);
+    for (int r = 0; r < R; ++r) {
+      if (pass == 0) {
+        CHECK(a[r].st[0] == SL_STATUS_SUCCESS, "recv_rows %lld: %s", (long long)n, a[r].msg);
+        CHECK(*w.nr[r] == ref_nr[r], "recv_rows: num_recv");
+        CHECK(memcmp(w.rx[r], ref_rx[r], sizeof(float) * (size_t)(n * H)) == 0,
+              "recv_rows: rows differ from the unbounded ones");
+        CHECK(memcmp(w.rs[r], ref_rs[r], sizeof(int32_t) * (size_t)n) == 0, "recv_rows: recv_src");
+        const unsigned char *past = (const unsigned char *)(w.rx[r] + n * H);
+        int untouched = 1;
+        for (int64_t b = 0; n < T * R && b < (int64_t)sizeof(float) * H; ++b)
+          untouched &= past[b] == 0xFF;
+        CHECK(untouched, "recv_rows: a row past N was written");
+      } else {
+        CHECK(a[r].st[0] == SL_STATUS_INVALID_VALUE && strstr(a[r].msg, "would receive") &&
+                  strstr(a[r].msg, "recv_rows"),
+              "overflow, rank %d: %s", r, a[r].msg);
+      }
+      CHECK(a[r].st[1] == SL_STATUS_SUCCESS, "gather of %lld rows", (long long)m);
+      for (int64_t j = 0; j < m; ++j) {
+        const int32_t src = a[r].gsrc[j];
+        for (int64_t h = 0; h < H; ++h) {
+          const float want = src < 0 ? 0.0f : w.x[src / T][(src % T) * H + h];
+          CHECK(a[r].gout[j * H + h] == want, "gather row %lld", (long long)j);
+        }
+      }
+      free(a[r].gsrc), free(a[r].gout);
+    }
+  }
+  for (int r = 0; r < R; ++r) free(ref_rx[r]), free(ref_rs[r]);
+  sl_ep_comm_destroy(w.comm);
+  world_free(&w);
+}
+
 /* bf16 rows through dispatch and combine: the sums round once. */
 typedef struct bf16_arg {
   int64_t comm;
@@ -579,6 +675,7 @@ int main(void) {
   test_timeout();
   test_fan();
   test_combine_bf16();
+  test_recv_rows();
   printf("test_ep: %d checks, %d failures\n", checks, failures);
   return failures ? 1 : 0;
 }

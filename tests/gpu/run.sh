@@ -33,6 +33,10 @@ step initcheck compute-sanitizer --tool initcheck --error-exitcode 3 "$BUILD/tes
 step fewsms "$BUILD/test_gmm" --sms 3
 step memcheck-fewsms compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_gmm" --quick --sms 3
 step debug env SLUICE_DEBUG=1 "$BUILD/test_gmm" --debug
+step fp8 "$BUILD/test_gmm_fp8"
+step fp8-memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_gmm_fp8" --quick
+step fp8-racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$BUILD/test_gmm_fp8" --quick
+step fp8-fewsms "$BUILD/test_gmm_fp8" --sms 3
 step waitbound "$BUILD/test_wait_bound"
-grep -h "^FAIL" "$LOGS"/plain*.log | head -20
+grep -h "^FAIL" "$LOGS"/plain*.log "$LOGS"/fp8*.log | head -20
 exit $fails

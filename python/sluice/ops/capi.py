@@ -74,6 +74,7 @@ class EpDesc(ctypes.Structure):
         ("num_ranks", ctypes.c_int64),
         ("dtype", ctypes.c_int),
         ("tag", ctypes.c_int64),
+        ("recv_rows", ctypes.c_int64),
     ]
 
 

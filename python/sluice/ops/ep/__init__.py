@@ -98,6 +98,7 @@ bigger exchange), with the same results as a loop over the elements; gradients t
 run the same ops (SPMD programs do).
 """
 
+from .bounded import bounded_moe, bounded_rows
 from .comm import Communicator, communicator, setup, teardown
 from .exchange import Dispatched, Handle, combine, dispatch
 from .fan import Fan, fan_in, fan_out, fan_out_tokens
@@ -114,6 +115,8 @@ __all__ = [
     "Dispatched",
     "Fan",
     "Handle",
+    "bounded_moe",
+    "bounded_rows",
     "combine",
     "combine_reference",
     "communicator",

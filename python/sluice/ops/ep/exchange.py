@@ -85,11 +85,12 @@ def _exchange(call, cfg, *args):
     return call(*args, **attrs)
 
 
-def _dispatch_call(x, idx, w, where, cfg):
+def _dispatch_call(x, idx, w, where, cfg, rows=None):
+    """rows: the receive buffer's rows N (None: T*R, the worst case)."""
     t, h = x.shape
     k = idx.shape[1]
     _, r, e = cfg
-    n, l = t * r, e // r
+    n, l = (t * r if rows is None else rows), e // r
     v = _vary_kw(x, idx, w, where, extra=_axes_of(where))
     outs = (
         _sds((n, h), x.dtype, v),
@@ -140,17 +141,17 @@ def _redispatch_call(g, recv_src, where, cfg):
 
 
 # ---- dispatch with its VJP -----------------------------------------------------------------------
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _dispatch(x, idx, w, where, cfg):
-    return _dispatch_call(x, idx, w, where, cfg)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _dispatch(x, idx, w, where, cfg, rows):
+    return _dispatch_call(x, idx, w, where, cfg, rows)
 
 
-def _dispatch_fwd(x, idx, w, where, cfg):
-    outs = _dispatch_call(x, idx, w, where, cfg)
+def _dispatch_fwd(x, idx, w, where, cfg, rows):
+    outs = _dispatch_call(x, idx, w, where, cfg, rows)
     return outs, (outs[1], outs[5], where, x[:0], w[:0])  # [:0]: only the types are kept
 
 
-def _dispatch_bwd(cfg, res, cts):
+def _dispatch_bwd(cfg, rows, res, cts):
     recv_idx, send_row, where, x, w = res
     ct_x, _, ct_w = cts[0], cts[1], cts[2]
     # A weight reaches the one rank owning its expert; elsewhere its slot holds a constant 0.
@@ -162,8 +163,13 @@ def _dispatch_bwd(cfg, res, cts):
 _dispatch.defvjp(_dispatch_fwd, _dispatch_bwd)
 
 
-def dispatch(x, topk_idx, topk_weights, *, num_experts: int, axis_name) -> Dispatched:
-    """Sends each token once to every rank owning one of its experts. See sluice.ep's docstring."""
+def dispatch(
+    x, topk_idx, topk_weights, *, num_experts: int, axis_name, recv_rows: int | None = None
+) -> Dispatched:
+    """Sends each token once to every rank owning one of its experts. See sluice.ep's docstring.
+    recv_rows: the rows N of the receive buffer (default T*R, the worst case); the caller makes
+    sure no rank receives more (on the CPU more is an error on every rank; on a GPU the rows past
+    N are not delivered): sluice.ep.bounded_moe sends them in rounds."""
     x, topk_idx, topk_weights = jnp.asarray(x), jnp.asarray(topk_idx), jnp.asarray(topk_weights)
     if x.ndim != 2:
         raise ValueError(f"sluice.ep.dispatch: x must be 2-D [T, H], got shape {x.shape}")
@@ -191,8 +197,16 @@ def dispatch(x, topk_idx, topk_weights, *, num_experts: int, axis_name) -> Dispa
             f"sluice.ep.dispatch: num_experts={num_experts} is not a positive multiple of "
             f"the {comm.num_ranks} ranks of axis {axis_name!r}"
         )
+    worst = x.shape[0] * comm.num_ranks
+    if recv_rows is not None:
+        if not isinstance(recv_rows, (int, np.integer)) or not 1 <= recv_rows <= max(worst, 1):
+            raise ValueError(
+                f"sluice.ep.dispatch: recv_rows must be an int in [1, T*R = {worst}] or None, "
+                f"got {recv_rows!r}"
+            )
+        recv_rows = min(int(recv_rows), worst)
     cfg = (comm.comm_id, comm.num_ranks, num_experts)
-    rx, ri, rw, nr, cn, sr, rs = _dispatch(x, topk_idx, topk_weights, _where(comm), cfg)
+    rx, ri, rw, nr, cn, sr, rs = _dispatch(x, topk_idx, topk_weights, _where(comm), cfg, recv_rows)
     handle = Handle(sr, rs, comm.comm_id, axis_name, comm.num_ranks, num_experts)
     return Dispatched(rx, ri, rw, nr[0], cn, handle)
 
