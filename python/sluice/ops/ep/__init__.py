@@ -68,6 +68,16 @@ API
       y [N, H'] (one row per received row, any float dtype). Each row goes back to its source token;
       a token's rows are summed over ranks in fixed rank order in float32 and rounded once to y.dtype:
       bitwise deterministic. Tokens sent nowhere get zeros. Backward: a dispatch reusing the handle.
+  bounded_moe(x, topk_idx, topk_weights, experts, params, *, num_experts, axis_name, rows)
+      -> (out [T, H'], stats)
+      The MoE sum dispatch -> experts -> combine with every rank's receive buffer and expert block
+      bounded to `rows` (row, slot) pairs a round (bounded_rows(T, k, F): F times the balanced
+      mean T*k). A routing that sends a rank more runs further rounds in the same program (a
+      lax.while_loop, the count computed on the device, the same on every rank): nothing is
+      dropped, and out and the gradients in x and topk_weights equal the unbounded path's bit for
+      bit. experts(recv, params, max_rows) -> [N, H'] is the per-rank part (fan_out -> gmm ->
+      fan_in). stats: "rounds", "peak_recv_rows", "peak_expert_rows". See bounded.py.
+  dispatch(..., recv_rows=N) bounds the receive buffer to N rows (a rank may receive no more).
   fan_out(recv, *, max_rows=None, zero_unused_rows=True) -> (xs [M, H], group_sizes int32 [L], fan)
       Local: each (row, slot) with a local expert becomes one row of xs, grouped by local expert (a row
       going to 2 local experts appears twice), within a group in (row, slot) order; M = N*min(k, L),
