@@ -164,8 +164,9 @@ sl_status sl_tgmm_cuda(const sl_gmm_desc *desc, const void *lhs, const void *rhs
  * (x . s: every element times the scale of its block.) Batch, group_sizes, group_offset, the
  * data-dependent values and the workspace (sl_gmm_cuda_workspace_size) as gmm and tgmm.
  * The CPU calls take any sizes. The CUDA calls need an sm_90 device and 16-byte rows: K % 16 == 0
- * (gmm_fp8), M % 16 == 0 (tgmm_fp8), N % 8 == 0, 16-byte aligned operands, and return
- * SL_STATUS_UNSUPPORTED otherwise (zero padding of K or M changes no result: the Python ops pad).
+ * (gmm_fp8), M % 16 == 0 and K % 4 == 0 (tgmm_fp8), N % 8 == 0, 16-byte aligned operands and
+ * scales, and return SL_STATUS_UNSUPPORTED otherwise (zero padding changes no result: the Python
+ * ops pad).
  * ----------------------------------------------------------------------------------------------*/
 sl_status sl_gmm_fp8_cpu(const sl_gmm_desc *desc, const void *lhs, const float *lhs_scale,
                          const void *rhs, const float *rhs_scale, const int32_t *group_sizes,
@@ -179,6 +180,26 @@ sl_status sl_gmm_fp8_cuda(const sl_gmm_desc *desc, const void *lhs, const float 
 sl_status sl_tgmm_fp8_cuda(const sl_gmm_desc *desc, const void *lhs_t, const float *lhs_scale,
                            const void *rhs_t, const float *rhs_scale, const int32_t *group_sizes,
                            const int32_t *group_offset, void *out, void *workspace, void *stream);
+
+/* FP8 block quantization on the GPU, bit for bit python/sluice/ops/fp8.py's `quantize` (the CPU
+ * runs that jnp code itself). x [batch, x_rows, cols] (F32, BF16 or F16) is read as
+ * [batch, rows, cols] (rows >= x_rows), the rows past x_rows and those at or past valid_rows[b]
+ * (device int32 [batch], or NULL) as zero, in blocks of block_rows x block_cols: (1, 128),
+ * (128, 1) or (128, 128); power_of_two rounds each scale up to a power of two. Writes q
+ * [batch, rows, cols] and/or its transpose q_t [batch, cols, rows] (float8_e4m3fn; either may be
+ * NULL, not both) and the f32 scale: [batch, rows, ceil(cols/128)] for (1, 128),
+ * [batch, ceil(rows/128), cols] for (128, 1), [batch, ceil(rows/128), ceil(cols/128)] for
+ * (128, 128). Stream-ordered, no host sync. */
+typedef struct sl_quantize_fp8_desc {
+  size_t struct_size; /* sizeof(sl_quantize_fp8_desc) */
+  int64_t batch, rows, cols, x_rows;
+  sl_dtype dtype; /* of x */
+  int block_rows, block_cols;
+  int power_of_two;
+} sl_quantize_fp8_desc;
+sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *desc, const void *x,
+                               const int32_t *valid_rows, void *q, void *q_t, float *scale,
+                               void *stream);
 
 /* 1 if the library was built with CUDA kernels, else 0. */
 int sl_has_cuda(void);

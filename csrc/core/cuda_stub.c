@@ -49,6 +49,13 @@ sl_status sl_tgmm_fp8_cuda(const sl_gmm_desc *desc, const void *lhs_t, const flo
   return not_built("tgmm_fp8");
 }
 
+sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *desc, const void *x,
+                               const int32_t *valid_rows, void *q, void *q_t, float *scale,
+                               void *stream) {
+  (void)desc, (void)x, (void)valid_rows, (void)q, (void)q_t, (void)scale, (void)stream;
+  return not_built("quantize_fp8");
+}
+
 sl_status sl_swiglu_fwd_cuda(const sl_swiglu_desc *desc, const void *h, const float *row_weights,
                              const int32_t *group_sizes, void *act, void *stream) {
   (void)desc, (void)h, (void)row_weights, (void)group_sizes, (void)act, (void)stream;

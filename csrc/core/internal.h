@@ -42,6 +42,9 @@ sl_status sl_gmm_local_rows(const char *op, const sl_gmm_desc *desc, const int32
  * `op` names the call in the message. CPU and CUDA entry points both call it. */
 sl_status sl_gmm_fp8_check(const sl_gmm_desc *desc, int is_tgmm, const char *op);
 
+/* Checks an FP8 quantization descriptor (sluice.h: sl_quantize_fp8_cuda), naming `op`. */
+sl_status sl_quantize_fp8_check(const sl_quantize_fp8_desc *desc, const char *op);
+
 #ifdef __cplusplus
 }
 #endif
