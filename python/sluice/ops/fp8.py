@@ -166,11 +166,13 @@ def quantize(x, block, *, power_of_two=False, valid_rows=None):
         keep = jnp.arange(r) < jnp.asarray(valid_rows, jnp.int32)
         x = jnp.where(keep[:, None], x, 0.0)
     xb = _blocked(x, br, bc)
-    amax = jnp.max(jnp.abs(xb), axis=(-3, -1))  # NaN propagates; the zero padding never wins
+    amax = jnp.max(jnp.abs(xb), axis=(-3, -1))  # the zero padding never wins
+    # Non-finite blocks are found by their own reduction: XLA:CPU's max reduction drops NaN.
+    finite = jnp.all(jnp.isfinite(xb), axis=(-3, -1))
     scale = jnp.maximum(amax * jnp.float32(RCP_MAX), SCALE_MIN)
     if power_of_two:
         scale = _pow2_ceil(scale, amax)
-    scale = jnp.where(jnp.isfinite(amax), scale, jnp.nan)
+    scale = jnp.where(finite, scale, jnp.nan)
     # The divisor goes through an optimization barrier at full size: XLA's simplifier rewrites a
     # division by a broadcast into a multiplication by its reciprocal, which is not correctly rounded
     # (and moves a value on a tie of e4m3 to the wrong side).
