@@ -105,6 +105,7 @@ int sl_ffi_dtype(XLA_FFI_DataType t, sl_dtype *out) {
     case XLA_FFI_DataType_BF16: *out = SL_DTYPE_BF16; return 1;
     case XLA_FFI_DataType_F16: *out = SL_DTYPE_F16; return 1;
     case XLA_FFI_DataType_S32: *out = SL_DTYPE_I32; return 1;
+    case XLA_FFI_DataType_F8E4M3FN: *out = SL_DTYPE_F8E4M3; return 1;
     default: return 0;
   }
 }
@@ -122,6 +123,7 @@ const char *sl_ffi_dtype_name(XLA_FFI_DataType t) {
     case XLA_FFI_DataType_F32: return "float32";
     case XLA_FFI_DataType_F64: return "float64";
     case XLA_FFI_DataType_BF16: return "bfloat16";
+    case XLA_FFI_DataType_F8E4M3FN: return "float8_e4m3fn";
     default: return "other";
   }
 }

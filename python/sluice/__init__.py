@@ -6,8 +6,10 @@ sluice.ragged_dot ...       jax.lax.ragged_dot / ragged_dot_general's exact sign
 sluice.export_disabled_checks()   what jax.export needs to serialize programs that call sluice
 sluice.swiglu               an expert block's SwiGLU activation over its groups' rows only
 sluice.ep                   expert-parallel dispatch / combine and the local fan-out / fan-in
-sluice.fp8                  FP8 (e4m3) block quantization with DeepSeek-V3's scale layouts, and
-                            float32 references of the FP8 grouped GEMMs (the kernels come next)
+sluice.fp8                  FP8 (e4m3) block quantization with DeepSeek-V3's scale layouts, the FP8
+                            grouped GEMMs on quantized operands (fp8.gmm / fp8.tgmm) and their
+                            float32 references; sluice.gmm(..., fp8=sluice.fp8.Recipe()) is the
+                            differentiable FP8 path
 
 The package's folders: ops/ (the library, its FFI targets and one differentiable function per op),
 nn/ (the MoE layer and the decoder LM, built from the ops), training/ (the corpus, the optimizer and

@@ -69,11 +69,12 @@ def register_targets(targets: dict[str, str]) -> None:
 def export_disabled_checks() -> list:
     """What `jax.export.export(fn, disabled_checks=...)` needs to serialize a program that calls
     sluice: one `jax.export.DisabledSafetyCheck.custom_call(name)` per sluice FFI target (gmm, tgmm,
-    swiglu and the ep ops). jax.export refuses custom calls it does not know to be stable; sluice's
-    are stable within one libsluice build. A deserialized program runs where libsluice is loaded
-    (`import sluice` registers the targets). An ep program also needs the communicator it was traced
-    against (its id is an attribute of the call), so it runs in the process that exported it, while
-    that sluice.ep.setup stands, under a jit over as many devices as it was exported for."""
-    from . import ep, gmm, swiglu  # noqa: F401  (their imports register every target)
+    their FP8 forms, swiglu and the ep ops). jax.export refuses custom calls it does not know to be
+    stable; sluice's are stable within one libsluice build. A deserialized program runs where
+    libsluice is loaded (`import sluice` registers the targets). An ep program also needs the
+    communicator it was traced against (its id is an attribute of the call), so it runs in the
+    process that exported it, while that sluice.ep.setup stands, under a jit over as many devices
+    as it was exported for."""
+    from . import ep, gmm, gmm_fp8, swiglu  # noqa: F401  (their imports register every target)
 
     return [jax.export.DisabledSafetyCheck.custom_call(name) for name in TARGETS]

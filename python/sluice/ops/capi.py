@@ -9,7 +9,8 @@ import ctypes
 
 from ._lib import lib
 
-DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2, "int32": 3}  # sl_dtype
+# sl_dtype
+DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2, "int32": 3, "float8_e4m3fn": 4}
 # sl_ep_transport ("nvlink" is SL_EP_TRANSPORT_PEER)
 EP_TRANSPORTS = {"nvlink": 0, "ipc": 1, "nccl": 2}
 

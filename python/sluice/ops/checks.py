@@ -68,6 +68,17 @@ def check_group_count(op, group_sizes):
         raise ShapeError(f"sluice.{op}: the group count G must be static, got {group_sizes.shape}")
 
 
+def check_group_offset(op, group_offset):
+    """group_offset: None, or an integer scalar or shape-(1,) array (it may live on the device)."""
+    if group_offset is None:
+        return
+    shape = np.shape(group_offset)
+    if shape not in ((), (1,)):
+        raise ValueError(f"sluice.{op}: group_offset must be a scalar or shape (1,), got {shape}")
+    if not jnp.issubdtype(jnp.result_type(group_offset), jnp.integer):
+        raise TypeError(f"sluice.{op}: group_offset must be an integer")
+
+
 def _is_precision(p) -> bool:
     if p is None or isinstance(p, jax.lax.Precision):
         return True

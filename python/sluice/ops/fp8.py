@@ -54,6 +54,10 @@ by default. This is the float32 ideal a kernel approaches: a kernel multiplies e
 tensor cores and, as DeepSeek-V3 does, promotes each 128-long partial sum along the contraction to
 float32, scaled by the two blocks' scales; it differs from the reference by float32 rounding only
 (plus whatever its FP8 accumulator loses inside one 128-long piece).
+
+The ops (gmm_fp8.py, part of this namespace): `gmm` and `tgmm` take quantized operands with the
+references' signatures and run the FP8 kernels (CPU and CUDA); `Recipe` configures the
+differentiable FP8 path for unquantized operands, `sluice.gmm(lhs, rhs, group_sizes, fp8=Recipe())`.
 """
 
 from __future__ import annotations
@@ -87,12 +91,15 @@ __all__ = [
     "RCP_MAX",
     "SCALE_MIN",
     "WEIGHT",
+    "Recipe",
     "dequantize",
+    "gmm",
     "gmm_fp8_reference",
     "quantize",
     "quantize_act",
     "quantize_weight",
     "scale_shape",
+    "tgmm",
     "tgmm_fp8_reference",
 ]
 
@@ -324,3 +331,8 @@ def tgmm_fp8_reference(
         num_local_groups=num_local_groups,
         preferred_element_type=preferred_element_type,
     )
+
+
+# The FP8 ops (gmm_fp8.py) build on the quantization above and belong to this namespace:
+# sluice.fp8.gmm / tgmm on quantized operands, and the Recipe of sluice.gmm(..., fp8=...).
+from .gmm_fp8 import Recipe, gmm, tgmm

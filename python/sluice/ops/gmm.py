@@ -48,14 +48,7 @@ def _check_common(op, lhs, group_sizes, group_offset, preferred_element_type, pr
     checks.check_precision(op, precision)
     if preferred_element_type is not None:
         checks.check_float(op, "preferred_element_type", preferred_element_type)
-    if group_offset is not None:
-        shape = np.shape(group_offset)
-        if shape not in ((), (1,)):
-            raise ValueError(
-                f"sluice.{op}: group_offset must be a scalar or shape (1,), got {shape}"
-            )
-        if not jnp.issubdtype(jnp.result_type(group_offset), jnp.integer):
-            raise TypeError(f"sluice.{op}: group_offset must be an integer")
+    checks.check_group_offset(op, group_offset)
     return group_sizes
 
 
@@ -163,6 +156,7 @@ def gmm(
     zero_unused_rows=True,
     precision=None,
     out_sharding=None,
+    fp8=None,
 ):
     """Grouped matmul, a drop-in for `jax.lax.ragged_dot(lhs, rhs, group_sizes, ...)`.
 
@@ -186,6 +180,18 @@ def gmm(
       out_sharding: as ragged_dot's: the result's NamedSharding or PartitionSpec (explicit-sharding
         meshes). Under an explicit mesh without it the result is sharded as dot_general would
         infer (lhs's row axis, rhs's N axis); see sluice.ops.checks.
+      fp8: None (default) or False: the matmuls run in the operands' dtype. True or a
+        sluice.fp8.Recipe: they run in FP8 with DeepSeek-V3's fine-grained scaling (the Recipe
+        says whether scales are powers of two). Forward: lhs is quantized in 1x128 blocks along K
+        (scale [M, ceil(K/128)]), rhs in 128x128 blocks over its last two dims (scale
+        [G_local, ceil(./128), ceil(./128)]), and the FP8 gmm gives out. Saved for the backward:
+        lhs as given, the quantized rhs and its scale. Backward: d out is quantized in 1x128
+        blocks along N for d lhs = FP8 gmm against the saved quantized rhs (the same 128x128
+        blocks serve the other contraction); lhs and d out, their rows outside the local groups
+        zeroed, are quantized in 128x1 blocks along the rows for d rhs = FP8 tgmm. rhs itself
+        (the master weights) is never changed; group_sizes gets no gradient. The FP8 kernels
+        write bfloat16 or float32; a float16 result is computed in float32 and cast.
+        sluice.fp8 states the quantization and the scale layouts.
     Returns:
       [M, N]. Accumulation is always in float32.
     Raises:
@@ -223,7 +229,15 @@ def gmm(
         )
     out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
     args = checks.replicated(lhs, rhs, group_sizes, _offset_array(group_offset))
-    out = _gmm(*args, bool(transpose_rhs), out_dtype, not zero_unused_rows)
+    if fp8 is None or fp8 is False:
+        out = _gmm(*args, bool(transpose_rhs), out_dtype, not zero_unused_rows)
+    else:
+        from . import gmm_fp8  # imported here: gmm_fp8 builds on this module
+
+        recipe = gmm_fp8.as_recipe(fp8)
+        out = gmm_fp8.gmm_with_recipe(
+            *args, bool(transpose_rhs), out_dtype, not zero_unused_rows, recipe
+        )
     n_dim = 1 if transpose_rhs else 2
     return checks.place(
         out, out_sharding, (lhs, rhs), lambda: checks.inferred((lhs, 0), (rhs, n_dim))

@@ -1,0 +1,363 @@
+"""FP8 grouped GEMM ops with DeepSeek-V3's fine-grained scaling (the sluice.fp8 namespace re-exports
+`gmm`, `tgmm` and `Recipe`; fp8.py states the quantization and the scale layouts).
+
+- `gmm(lhs_q, lhs_scale, rhs_q, rhs_scale, group_sizes, ...)` and `tgmm(...)` take operands already
+  quantized (e4m3 + float32 scales), with the signatures and semantics of `gmm_fp8_reference` and
+  `tgmm_fp8_reference`; they are not differentiable (their inputs are quantized).
+- `sluice.gmm(lhs, rhs, group_sizes, fp8=Recipe())` is the differentiable path for bfloat16 (or
+  float32/float16) operands: the forward quantizes and runs the FP8 gmm, the backward runs the two
+  FP8 gradient matmuls (`gmm_with_recipe` below).
+
+The C ops take one layout each (include/sluice.h): gmm_fp8 the weights as [G, N, K] (the
+contraction contiguous), tgmm_fp8 both operands transposed, [K, M] and [N, M]. The transposes
+happen here, in XLA, which fuses them into the quantization that produces the operand. Sizes the
+CUDA kernels need aligned (K % 16 for gmm, M % 16 and K % 4 for tgmm, N % 8) are zero-padded
+here: a zero element adds nothing to any sum and the scale shapes do not change (ceil(./128) of
+the padded size is the same), so padding changes no result; padded output rows and columns are
+cut off. tgmm pads M on GPUs only, so that on the CPU sum(group_sizes) > M stays an error.
+
+Both ops are vmap-able (batch dims go to the C op's batch, as gmm's), and run under jit and
+shard_map. Group sizes and group_offset behave as in sluice.gmm (an error on the CPU, clamped on a
+GPU). Non-finite values: a block that held inf or NaN has scale NaN and q NaN (fp8.quantize), so
+NaN reaches exactly the outputs whose contraction includes that block: for gmm the rows of the lhs
+block and, for an rhs block, the 128 columns it covers in every row of its group; for tgmm the
+rows (columns) of out[g] of that lhs (rhs) column, for the groups whose rows the block covers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import checks
+from ._lib import register_targets
+from .capi import gmm_workspace_bytes
+from .checks import ShapeError
+from .fp8 import ACT, ACT_T, E4M3, WEIGHT, _check_pair, quantize
+from .gmm import _offset_array
+from .vma import _vary_kw, match_vma
+
+register_targets({"sluice_gmm_fp8": "sl_ffi_gmm_fp8", "sluice_tgmm_fp8": "sl_ffi_tgmm_fp8"})
+
+OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))  # what the FP8 kernels write
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How `sluice.gmm(..., fp8=Recipe(...))` quantizes (DeepSeek-V3's recipe: activations and
+    gradients in 1x128 blocks along the contraction, weights in 128x128 blocks, f32 scales).
+
+    power_of_two_scales: round every scale up to a power of two (exact scaling, no saturation;
+      fp8.quantize's power_of_two).
+    """
+
+    power_of_two_scales: bool = False
+
+
+def as_recipe(fp8) -> Recipe | None:
+    """sluice.gmm's `fp8` argument: None or False (no FP8), True (the default Recipe) or a Recipe."""
+    if fp8 is None or fp8 is False:
+        return None
+    if fp8 is True:
+        return Recipe()
+    if isinstance(fp8, Recipe):
+        return fp8
+    raise TypeError(f"sluice.gmm: fp8 must be None, a bool or sluice.fp8.Recipe, got {fp8!r}")
+
+
+def _pad_last(x, *pads):
+    """x zero-padded at the end of its last len(pads) dims by `pads`."""
+    if not any(pads):
+        return x
+    return jnp.pad(x, [(0, 0)] * (x.ndim - len(pads)) + [(0, p) for p in pads])
+
+
+def _ffi(target, out_shape, out_dtype, operands, *, n, g_local, **attrs):
+    """One FFI call of `target` on (lhs, lhs_scale, rhs, rhs_scale, group_sizes, group_offset),
+    with its workspace sized by the library for this problem."""
+    lhs, group_sizes = operands[0], operands[4]
+    m, k, n = (d if checks.is_static(d) else 1 for d in (*lhs.shape[-2:], n))
+    ws = gmm_workspace_bytes(
+        m=m,
+        k=k,
+        n=n,
+        num_groups=group_sizes.shape[-1],
+        num_local_groups=g_local,
+        dtype=E4M3,
+        out_dtype=jnp.dtype(out_dtype),
+        transpose_rhs=target == "sluice_gmm_fp8",
+    )
+    kw = _vary_kw(*operands)
+    call = jax.ffi.ffi_call(
+        target,
+        (
+            jax.ShapeDtypeStruct(out_shape, out_dtype, **kw),
+            jax.ShapeDtypeStruct((ws,), jnp.uint8, **kw),
+        ),
+        vmap_method="broadcast_all",
+    )
+    return call(*operands, **attrs)[0]
+
+
+def _gmm_nt(lhs_q, lhs_s, rhs_q, rhs_s, group_sizes, group_offset, out_dtype, skip_unused):
+    """The C op: lhs [..., M, K] (ACT scale), rhs [..., G_local, N, K] (WEIGHT scale of that
+    layout) -> [..., M, N]. K is padded to a multiple of 16 and N to one of 8."""
+    k, n = lhs_q.shape[-1], rhs_q.shape[-2]
+    pk, pn = -k % 16, -n % 8
+    lhs_q, rhs_q = _pad_last(lhs_q, pk), _pad_last(rhs_q, pn, pk)
+    out = _ffi(
+        "sluice_gmm_fp8",
+        lhs_q.shape[:-1] + (n + pn,),
+        out_dtype,
+        (lhs_q, lhs_s, rhs_q, rhs_s, group_sizes, group_offset),
+        n=n + pn,
+        g_local=rhs_q.shape[-3],
+        skip_unused_rows=np.int32(skip_unused),
+    )
+    return out[..., :n] if pn else out
+
+
+def _tgmm_tn(lhs_t, lhs_s, rhs_t, rhs_s, group_sizes, group_offset, g_local, out_dtype):
+    """The C op: lhs_t [..., K, M], rhs_t [..., N, M] with ACT_T scales [..., ceil(M/128), K] and
+    [..., ceil(M/128), N] -> [..., G_local, K, N]. K is padded to a multiple of 4 (the CUDA kernel
+    reads the scale rows in 16-byte units) and N to one of 8, the padded rows and columns with
+    zero data and zero scales. M is padded to a multiple of 16 on GPUs only: on the CPU, which
+    takes any M, a sum(group_sizes) past the true M stays the error it is."""
+    operands = (lhs_t, lhs_s, rhs_t, rhs_s, group_sizes, group_offset)
+    call = functools.partial(_tgmm_call, g_local=g_local, out_dtype=out_dtype)
+    if lhs_t.shape[-1] % 16 == 0:
+        return call(*operands, pad_m=False)
+    return jax.lax.platform_dependent(
+        *operands,
+        cpu=functools.partial(call, pad_m=False),
+        default=functools.partial(call, pad_m=True),
+    )
+
+
+def _tgmm_call(lhs_t, lhs_s, rhs_t, rhs_s, group_sizes, group_offset, *, g_local, out_dtype, pad_m):
+    k, m, n = lhs_t.shape[-2], lhs_t.shape[-1], rhs_t.shape[-2]
+    pk, pm, pn = -k % 4, (-m % 16 if pad_m else 0), -n % 8
+    lhs_t, lhs_s = _pad_last(lhs_t, pk, pm), _pad_last(lhs_s, pk)
+    rhs_t, rhs_s = _pad_last(rhs_t, pn, pm), _pad_last(rhs_s, pn)
+    out = _ffi(
+        "sluice_tgmm_fp8",
+        lhs_t.shape[:-2] + (g_local, k + pk, n + pn),
+        out_dtype,
+        (lhs_t, lhs_s, rhs_t, rhs_s, group_sizes, group_offset),
+        n=n + pn,
+        g_local=g_local,
+    )
+    return out[..., :k, :n] if pk or pn else out
+
+
+def _swap(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _out_dtype(op, preferred_element_type):
+    dtype = jnp.dtype(preferred_element_type)
+    if dtype not in OUT_DTYPES:
+        raise TypeError(
+            f"sluice.fp8.{op}: preferred_element_type must be bfloat16 or float32 (what the FP8 "
+            f"kernels write), got {dtype}"
+        )
+    return dtype
+
+
+def _group_args(op, group_sizes, m, group_offset):
+    """group_sizes as int32 [G], and group_offset checked."""
+    group_sizes = checks.group_sizes_int32(f"fp8.{op}", group_sizes, m)
+    checks.check_group_count(f"fp8.{op}", group_sizes)
+    checks.check_group_offset(f"fp8.{op}", group_offset)
+    return group_sizes
+
+
+def gmm(
+    lhs_q,
+    lhs_scale,
+    rhs_q,
+    rhs_scale,
+    group_sizes,
+    *,
+    transpose_rhs=False,
+    group_offset=None,
+    preferred_element_type=jnp.bfloat16,
+    skip_unused_rows=False,
+):
+    """FP8 grouped matmul on quantized operands: `gmm_fp8_reference`'s signature and semantics,
+    computed by the FP8 kernels (each 128-long piece of K summed over e4m3 products, then added to
+    a float32 total times its two scales).
+
+    Args:
+      lhs_q, lhs_scale: [M, K] float8_e4m3fn, rows sorted by group, and its ACT scale
+        [M, ceil(K/128)] float32 (`fp8.quantize_act(x)`).
+      rhs_q, rhs_scale: [G_local, K, N] float8_e4m3fn and its WEIGHT scale
+        [G_local, ceil(K/128), ceil(N/128)] (`fp8.quantize_weight(w)`); with transpose_rhs=True
+        [G_local, N, K] and the WEIGHT scale of that array, [G_local, ceil(N/128), ceil(K/128)]
+        (the input gradient passes the forward's quantized w unchanged this way).
+      group_sizes, group_offset: as sluice.gmm.
+      preferred_element_type: bfloat16 (default) or float32.
+      skip_unused_rows: False: rows outside the local groups are zero. True: on a GPU they are
+        left unwritten (unspecified), for callers that never read them; the CPU zeroes them.
+    Returns:
+      [M, N].
+    Raises:
+      ShapeError / TypeError naming the argument for bad shapes and dtypes.
+    """
+    lhs_q, lhs_scale = jnp.asarray(lhs_q), jnp.asarray(lhs_scale)
+    rhs_q, rhs_scale = jnp.asarray(rhs_q), jnp.asarray(rhs_scale)
+    if lhs_q.ndim != 2 or rhs_q.ndim != 3:
+        want = "[G_local, N, K]" if transpose_rhs else "[G_local, K, N]"
+        raise ShapeError(
+            f"sluice.fp8.gmm: lhs_q must be 2-D [M, K] and rhs_q 3-D {want}, got {lhs_q.shape} "
+            f"and {rhs_q.shape}"
+        )
+    _check_pair("gmm", "lhs", lhs_q, lhs_scale, ACT)
+    _check_pair("gmm", "rhs", rhs_q, rhs_scale, WEIGHT)
+    k_rhs = rhs_q.shape[2] if transpose_rhs else rhs_q.shape[1]
+    if k_rhs != lhs_q.shape[1]:
+        raise ShapeError(
+            f"sluice.fp8.gmm: contraction dims differ: lhs {lhs_q.shape} has K={lhs_q.shape[1]}, "
+            f"rhs {rhs_q.shape} has K={k_rhs} (transpose_rhs={bool(transpose_rhs)})"
+        )
+    gs = _group_args("gmm", group_sizes, lhs_q.shape[0], group_offset)
+    g, g_local = gs.shape[0], rhs_q.shape[0]
+    if g_local > g:
+        raise ShapeError(f"sluice.fp8.gmm: rhs holds {g_local} groups but group_sizes only {g}")
+    if group_offset is None and g_local != g:
+        raise ShapeError(
+            f"sluice.fp8.gmm: rhs holds {g_local} groups and group_sizes {g}; pass group_offset "
+            "to compute a slice of the groups"
+        )
+    out_dtype = _out_dtype("gmm", preferred_element_type)
+    if not transpose_rhs:  # the C op's layout: [G, N, K], its scale [G, ceil(N/128), ceil(K/128)]
+        rhs_q, rhs_scale = _swap(rhs_q), _swap(rhs_scale)
+    return _gmm_nt(
+        lhs_q, lhs_scale, rhs_q, rhs_scale, gs, _offset_array(group_offset), out_dtype,
+        bool(skip_unused_rows),
+    )  # fmt: skip
+
+
+def tgmm(
+    lhs_q,
+    lhs_scale,
+    rhs_q,
+    rhs_scale,
+    group_sizes,
+    *,
+    group_offset=None,
+    num_local_groups=None,
+    preferred_element_type=jnp.bfloat16,
+):
+    """FP8 weight-gradient grouped matmul on quantized operands: `tgmm_fp8_reference`'s signature
+    and semantics, out[j] = lhs[rows of g]^T @ rhs[rows of g] (g = offset + j), computed by the FP8
+    kernels (each group's rows cut at the 128-row scale blocks; each piece's e4m3 sum added to a
+    float32 total times the outer product of its scale rows).
+
+    Args:
+      lhs_q, lhs_scale: [M, K] float8_e4m3fn and its ACT_T scale [ceil(M/128), K]
+        (`fp8.quantize_act(x, axis=-2)`); rhs_q, rhs_scale: [M, N] and [ceil(M/128), N] likewise.
+        The 128-row blocks are absolute (rows [128 b, 128 b + 128) of the operand).
+      group_sizes, group_offset, num_local_groups: as sluice.tgmm.
+      preferred_element_type: bfloat16 (default) or float32.
+    Returns:
+      [num_local_groups, K, N]; an empty group gives zeros.
+    """
+    lhs_q, lhs_scale = jnp.asarray(lhs_q), jnp.asarray(lhs_scale)
+    rhs_q, rhs_scale = jnp.asarray(rhs_q), jnp.asarray(rhs_scale)
+    if lhs_q.ndim != 2 or rhs_q.ndim != 2 or rhs_q.shape[0] != lhs_q.shape[0]:
+        raise ShapeError(
+            f"sluice.fp8.tgmm: lhs_q [M, K] and rhs_q [M, N] must be 2-D with the same rows, got "
+            f"{lhs_q.shape} and {rhs_q.shape}"
+        )
+    _check_pair("tgmm", "lhs", lhs_q, lhs_scale, ACT_T)
+    _check_pair("tgmm", "rhs", rhs_q, rhs_scale, ACT_T)
+    gs = _group_args("tgmm", group_sizes, lhs_q.shape[0], group_offset)
+    g = gs.shape[0]
+    g_local = g if num_local_groups is None else int(num_local_groups)
+    if not 0 <= g_local <= g:
+        raise ValueError(f"sluice.fp8.tgmm: num_local_groups must be in [0, {g}], got {g_local}")
+    out_dtype = _out_dtype("tgmm", preferred_element_type)
+    return _tgmm_tn(
+        _swap(lhs_q), lhs_scale, _swap(rhs_q), rhs_scale, gs, _offset_array(group_offset),
+        g_local, out_dtype,
+    )  # fmt: skip
+
+
+# ---- the differentiable path: sluice.gmm(lhs, rhs, group_sizes, fp8=Recipe()) -----------------
+def _local_rows_only(x, group_sizes, group_offset, g_local):
+    """x [M, C] with the rows outside the local groups' rows zeroed, so that whatever they hold
+    (an expert block's unused rows may hold anything, NaN included) never reaches a 128-row
+    block's scale of the weight gradient."""
+    ends = jnp.cumsum(group_sizes)
+    if g_local == 0:
+        return jnp.zeros_like(x)
+    off = group_offset[0]
+    lo = ends[off] - group_sizes[off]
+    hi = ends[off + g_local - 1]
+    rows = jnp.arange(x.shape[-2])
+    return jnp.where(((rows >= lo) & (rows < hi))[:, None], x, jnp.zeros((), x.dtype))
+
+
+def _kernel_dtype(dtype):
+    """The FP8 kernels' output dtype for a wanted dtype (float16 comes back as float32, then cast)."""
+    return dtype if jnp.dtype(dtype) in OUT_DTYPES else jnp.dtype(jnp.float32)
+
+
+def _quantized_weight(rhs, recipe):
+    return quantize(rhs, WEIGHT, power_of_two=recipe.power_of_two_scales)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def gmm_with_recipe(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, recipe):
+    """sluice.gmm's FP8 path (called by sluice.gmm with fp8=...; arguments already checked):
+    lhs [M, K], rhs [G_local, K, N] (or [G_local, N, K] with transpose_rhs) in a float dtype,
+    group_offset int32 [1]. See `_fwd` and `_bwd` for what is quantized how, and what is saved."""
+    return _fwd(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, recipe)[0]
+
+
+def _fwd(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, recipe):
+    """y = gmm(x by ACT, w by WEIGHT). Saves x as given (the weight gradient quantizes it along the
+    rows), the quantized weights and their scales (the input gradient reuses them: a 128x128
+    block serves both contractions), group_sizes and group_offset."""
+    p2 = recipe.power_of_two_scales
+    xq, xs = quantize(lhs, ACT, power_of_two=p2)
+    wq, ws = _quantized_weight(rhs, recipe)
+    w_nt, ws_nt = (wq, ws) if transpose_rhs else (_swap(wq), _swap(ws))
+    y = _gmm_nt(xq, xs, w_nt, ws_nt, group_sizes, group_offset, _kernel_dtype(out_dtype), skip)
+    return y.astype(out_dtype), (lhs, wq, ws, group_sizes, group_offset)
+
+
+def _bwd(transpose_rhs, out_dtype, skip, recipe, res, dy):
+    """dx = gmm(dy by ACT, the saved quantized w, transpose_rhs flipped); dw = tgmm(x, dy), both by
+    ACT_T (128-row blocks along the contraction), their rows outside the local groups zeroed
+    first. The master weights are never re-quantized here."""
+    lhs, wq, ws, group_sizes, group_offset = res
+    p2 = recipe.power_of_two_scales
+    g_local = wq.shape[-3]
+    dyq, dys = quantize(dy, ACT, power_of_two=p2)
+    # dx contracts N: the C op wants the weights as [G, K, N], i.e. w itself when the forward took
+    # [G, K, N], and its transpose when the forward took [G, N, K].
+    w_nt, ws_nt = (_swap(wq), _swap(ws)) if transpose_rhs else (wq, ws)
+    dx = _gmm_nt(dyq, dys, w_nt, ws_nt, group_sizes, group_offset, _kernel_dtype(lhs.dtype), skip)
+    x_t, xs_t = quantize(
+        _local_rows_only(lhs, group_sizes, group_offset, g_local), ACT_T, power_of_two=p2
+    )
+    dy_t, dys_t = quantize(
+        _local_rows_only(dy, group_sizes, group_offset, g_local), ACT_T, power_of_two=p2
+    )
+    a, a_s, b, b_s = (dy_t, dys_t, x_t, xs_t) if transpose_rhs else (x_t, xs_t, dy_t, dys_t)
+    # sluice.gmm gives lhs and rhs one dtype, so the weight gradient takes lhs's.
+    dw = _tgmm_tn(
+        _swap(a), a_s, _swap(b), b_s, group_sizes, group_offset, g_local, _kernel_dtype(lhs.dtype)
+    )
+    # As in the bf16 gmm's backward: the weight gradient runs before dx is used (see gmm.py).
+    dx, dw = jax.lax.optimization_barrier((dx.astype(lhs.dtype), dw.astype(lhs.dtype)))
+    return match_vma(dx, lhs), match_vma(dw, wq), None, None
+
+
+gmm_with_recipe.defvjp(_fwd, _bwd)
