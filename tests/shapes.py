@@ -66,6 +66,15 @@ SMALL_GROUP_SHAPES: tuple[Shape, ...] = tuple(
     for rows in SMALL_GROUP_ROWS
 )
 
+# DeepGEMM's published grouped (contiguous layout) shapes: 4 or 8 groups of 8192 or 4096 rows, (N, K)
+# (4096, 7168) and (7168, 2048), 1214-1346 TFLOP/s on H800 (bench/bench_fp8.py, `--shapes deepgemm`).
+DEEPGEMM_SHAPES: tuple[Shape, ...] = (
+    Shape("deepgemm-4x8192-n4096-k7168", 32768, 4, 7168, 4096),
+    Shape("deepgemm-4x8192-n7168-k2048", 32768, 4, 2048, 7168),
+    Shape("deepgemm-8x4096-n4096-k7168", 32768, 8, 7168, 4096),
+    Shape("deepgemm-8x4096-n7168-k2048", 32768, 8, 2048, 7168),
+)
+
 DISTRIBUTIONS: tuple[str, ...] = ("uniform", "skewed")
 
 # The CPU tests' grouped GEMM cases: (M, K, N, G, rows routed), small enough for the CPU kernels and
@@ -114,15 +123,17 @@ FAN_WORKLOADS: dict[str, tuple[int, int, int, int]] = {
 
 
 def select_shapes(spec: str | None) -> tuple[Shape, ...]:
-    """Shapes by a comma-separated list of names, "bench" (SHAPES, the default), "fine" or
-    "small-groups"."""
+    """Shapes by a comma-separated list of names, "bench" (SHAPES, the default), "fine",
+    "small-groups" or "deepgemm"."""
     if not spec or spec == "bench":
         return SHAPES
     if spec == "fine":
         return FINE_SHAPES
     if spec == "small-groups":
         return SMALL_GROUP_SHAPES
-    by_name = {s.name: s for s in SHAPES + FINE_SHAPES + SMALL_GROUP_SHAPES}
+    if spec == "deepgemm":
+        return DEEPGEMM_SHAPES
+    by_name = {s.name: s for s in SHAPES + FINE_SHAPES + SMALL_GROUP_SHAPES + DEEPGEMM_SHAPES}
     unknown = [n for n in spec.split(",") if n not in by_name]
     if unknown:
         raise ValueError(f"unknown shape(s) {unknown}; known: {sorted(by_name)}")

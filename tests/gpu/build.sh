@@ -18,10 +18,10 @@ NVCC="nvcc -O3 -std=c++17 -lineinfo $ARCH -Iinclude -Icsrc/core -Xcompiler -fPIC
 NVCC="$NVCC ${NVCC_FLAGS:-}"
 if [ -n "${WAIT_LIMIT_NS:-}" ]; then NVCC="$NVCC -DSLUICE_SM90_WAIT_LIMIT_NS=${WAIT_LIMIT_NS}u"; fi
 pids=()
-for f in status gmm_cpu gmm_fp8_cpu; do
+for f in status gmm_cpu gmm_fp8_cpu fp8_quantize_desc; do
   gcc -O2 -fPIC -fopenmp -Iinclude -Icsrc/core -c csrc/core/$f.c -o "$BUILD/$f.o" & pids+=($!)
 done
-for f in gmm_launch sm80_gmm sm90_gmm_fwd sm90_gmm_wgrad sm90_gmm_fp8; do
+for f in gmm_launch sm80_gmm sm90_gmm_fwd sm90_gmm_wgrad sm90_gmm_fp8 fp8_quantize; do
   $NVCC -Xptxas -v -c csrc/cuda/$f.cu -o "$BUILD/$f.o" >"$BUILD/ptxas-$f.log" 2>&1 & pids+=($!)
 done
 $NVCC -c tests/gpu/test_gmm.cu -o "$BUILD/test_gmm.o" & pids+=($!)
@@ -36,7 +36,7 @@ fi
 fail=0
 for p in "${pids[@]}"; do wait "$p" || fail=1; done
 if [ $fail != 0 ]; then cat "$BUILD"/ptxas-*.log | grep -i -B2 -A2 error; exit 1; fi
-LIBOBJS="$BUILD/status.o $BUILD/gmm_cpu.o $BUILD/gmm_fp8_cpu.o $BUILD/gmm_launch.o $BUILD/sm80_gmm.o $BUILD/sm90_gmm_fwd.o $BUILD/sm90_gmm_wgrad.o $BUILD/sm90_gmm_fp8.o"
+LIBOBJS="$BUILD/status.o $BUILD/gmm_cpu.o $BUILD/gmm_fp8_cpu.o $BUILD/fp8_quantize_desc.o $BUILD/gmm_launch.o $BUILD/sm80_gmm.o $BUILD/sm90_gmm_fwd.o $BUILD/sm90_gmm_wgrad.o $BUILD/sm90_gmm_fp8.o $BUILD/fp8_quantize.o"
 nvcc $ARCH -shared -o "$BUILD/libsluice_gpu.so" $LIBOBJS -lgomp
 nvcc $ARCH -o "$BUILD/test_gmm" "$BUILD/test_gmm.o" -L"$BUILD" -lsluice_gpu -Xlinker -rpath,'$ORIGIN'
 nvcc $ARCH -o "$BUILD/test_gmm_fp8" "$BUILD/test_gmm_fp8.o" -L"$BUILD" -lsluice_gpu -Xlinker -rpath,'$ORIGIN'

@@ -5,6 +5,8 @@
 #      then step 1 and memcheck again on 3 SMs (--sms 3: many waves of tiles)
 #   3. SLUICE_DEBUG=1: bad device sizes must come back as SL_STATUS_INVALID_VALUE
 #   4. test_wait_bound: an mbarrier wait that never completes ends the launch instead of hanging it
+#   5. the FP8 kernels: test_gmm_fp8 plain, under memcheck and racecheck, on 3 SMs; the quantization
+#      kernel bit for bit against numpy (test_quantize_fp8.py)
 # BUILD=dir picks the build folder (default build-gpu); SKIP_BUILD=1 reuses what is there.
 # Logs go to $LOGS (default $BUILD/logs). Exit status: number of failed steps.
 set -uo pipefail
@@ -37,6 +39,7 @@ step fp8 "$BUILD/test_gmm_fp8"
 step fp8-memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_gmm_fp8" --quick
 step fp8-racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$BUILD/test_gmm_fp8" --quick
 step fp8-fewsms "$BUILD/test_gmm_fp8" --sms 3
+step fp8-quantize python3 tests/gpu/test_quantize_fp8.py "$BUILD/libsluice_gpu.so"
 step waitbound "$BUILD/test_wait_bound"
 grep -h "^FAIL" "$LOGS"/plain*.log "$LOGS"/fp8*.log | head -20
 exit $fails

@@ -1,0 +1,138 @@
+"""GPU test of sl_quantize_fp8_cuda against a numpy implementation of sluice.fp8.quantize's rule
+(python/sluice/ops/fp8.py), bit for bit: every block layout, q and its transpose, valid_rows, rows
+past x (padding), power-of-two scales, and the edge values (zero blocks, float32 subnormals,
+values beyond e4m3's range, inf and NaN).
+
+  python3 tests/gpu/test_quantize_fp8.py build-gpu/libsluice_gpu.so      (tests/gpu/run.sh runs it)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import ml_dtypes
+import numpy as np
+import torch
+
+SL_BF16, SL_F32 = 1, 0
+RCP_MAX = np.float32(1.0 / 448.0)
+SCALE_MIN = np.float32(2.0**-126)
+
+
+class QuantDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("batch", ctypes.c_int64),
+        ("rows", ctypes.c_int64),
+        ("cols", ctypes.c_int64),
+        ("x_rows", ctypes.c_int64),
+        ("dtype", ctypes.c_int),
+        ("block_rows", ctypes.c_int),
+        ("block_cols", ctypes.c_int),
+        ("power_of_two", ctypes.c_int),
+    ]
+
+
+def pow2_ceil(s, amax):
+    m, e = np.frexp(s)
+    p = np.ldexp(np.float32(1), np.where(m == 0.5, e - 1, e)).astype(np.float32)
+    p = np.where(np.float32(448) * p < amax, 2 * p, p).astype(np.float32)
+    half = (np.float32(0.5) * p).astype(np.float32)
+    return np.where((np.float32(448) * half >= amax) & (half >= SCALE_MIN), half, p)
+
+
+def reference(x, rows, br, bc, pow2, valid):
+    """x float32 [B, XR, C] -> (q uint8 [B, rows, C], scale)."""
+    b, xr, c = x.shape
+    full = np.zeros((b, rows, c), np.float32)
+    full[:, :xr] = x
+    for i in range(b):
+        full[i, valid[i] :] = 0
+    full = np.where(np.abs(full) < SCALE_MIN, np.float32(0), full)  # subnormals read as zero
+    pr, pc = -rows % br, -c % bc
+    xp = np.pad(full, ((0, 0), (0, pr), (0, pc)))
+    nr, nc = xp.shape[1] // br, xp.shape[2] // bc
+    xb = xp.reshape(b, nr, br, nc, bc)
+    bad = ~np.isfinite(xb).all(axis=(2, 4))
+    amax = np.abs(np.where(np.isfinite(xb), xb, 0)).max(axis=(2, 4)).astype(np.float32)
+    scale = np.maximum(amax * RCP_MAX, SCALE_MIN).astype(np.float32)
+    if pow2:
+        scale = pow2_ceil(scale, amax).astype(np.float32)
+    scale = np.where(bad, np.float32(np.nan), scale).astype(np.float32)
+    y = (xb / scale[:, :, None, :, None]).astype(np.float32)
+    y = np.where(y > 448, np.float32(448), np.where(y < -448, np.float32(-448), y))
+    q = y.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    q = q.reshape(b, nr * br, nc * bc)[:, :rows, :c]
+    return q, scale
+
+
+def main(lib_path):
+    np.seterr(over="ignore")  # pow2_ceil's 448 * p may overflow to inf, as in float32 on the GPU
+    lib = ctypes.CDLL(lib_path)
+    lib.sl_quantize_fp8_cuda.restype = ctypes.c_int
+    lib.sl_quantize_fp8_cuda.argtypes = [ctypes.POINTER(QuantDesc)] + [ctypes.c_void_p] * 6
+    lib.sl_last_error.restype = ctypes.c_char_p
+    rng = np.random.default_rng(7)
+    fails = 0
+    cases = [  # (batch, x_rows, rows, cols, block, pow2, dtype, valid fraction, specials)
+        (1, 300, 300, 384, (1, 128), 0, SL_BF16, 1.0, False),
+        (2, 257, 272, 200, (1, 128), 1, SL_BF16, 0.7, True),
+        (1, 300, 304, 384, (128, 1), 0, SL_BF16, 1.0, True),
+        (3, 130, 144, 136, (128, 1), 1, SL_F32, 0.5, False),
+        (2, 256, 256, 384, (128, 128), 0, SL_BF16, 1.0, True),
+        (1, 200, 200, 130, (128, 128), 1, SL_F32, 0.9, False),
+    ]
+    for b, xr, rows, c, (br, bc), pow2, dt, frac, specials in cases:
+        x = (rng.standard_normal((b, xr, c)) * np.exp(rng.uniform(-30, 10, (b, xr, 1)))).astype(
+            np.float32
+        )
+        if specials:
+            x[0, 0, :128] = 0  # a zero block (1x128) / part of one
+            x[0, 1, 3] = 1e-39  # a float32 subnormal
+            x[0, 2, 5] = np.inf
+            x[-1, 3, 7] = np.nan
+            x[0, 4, 9] = 3e38
+        if dt == SL_BF16:
+            x = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+        valid = [int(frac * rows) for _ in range(b)]
+        q_ref, s_ref = reference(x, rows, br, bc, pow2, valid)
+        xt = torch.tensor(x, device="cuda")
+        if dt == SL_BF16:
+            xt = xt.bfloat16()
+        vr = torch.tensor(valid, device="cuda", dtype=torch.int32)
+        q = torch.full((b, rows, c), 0xAB, device="cuda", dtype=torch.uint8)
+        qt = torch.full((b, c, rows), 0xAB, device="cuda", dtype=torch.uint8)
+        sc = torch.full((s_ref.size,), float("nan"), device="cuda")
+        d = QuantDesc(ctypes.sizeof(QuantDesc), b, rows, c, xr, dt, br, bc, pow2)
+        st = lib.sl_quantize_fp8_cuda(
+            ctypes.byref(d),
+            xt.data_ptr(),
+            vr.data_ptr(),
+            q.data_ptr(),
+            qt.data_ptr(),
+            sc.data_ptr(),
+            None,
+        )
+        torch.cuda.synchronize()
+        name = f"b{b} rows {xr}->{rows} cols {c} block {br}x{bc} pow2 {pow2} dtype {dt}"
+        if st != 0:
+            print(f"FAIL {name}: {lib.sl_last_error().decode()}")
+            fails += 1
+            continue
+        qg, qtg, sg = q.cpu().numpy(), qt.cpu().numpy(), sc.cpu().numpy().reshape(s_ref.shape)
+        nan_q = (q_ref & 0x7F) == 0x7F
+        same_q = np.where(nan_q, (qg & 0x7F) == 0x7F, qg == q_ref).all()
+        same_qt = np.where(
+            nan_q, (qtg.transpose(0, 2, 1) & 0x7F) == 0x7F, qtg.transpose(0, 2, 1) == q_ref
+        ).all()
+        same_s = np.array_equal(sg, s_ref, equal_nan=True)
+        ok = same_q and same_qt and same_s
+        fails += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: q {same_q}, q_t {same_qt}, scale {same_s}")
+    print(f"{len(cases) - fails} passed, {fails} failed")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "build-gpu/libsluice_gpu.so"))
