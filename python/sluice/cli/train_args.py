@@ -37,9 +37,17 @@ def parse_args(argv=None):
     p.add_argument(
         "--ep-rows-factor",
         type=positive_float,
-        help="sluice path over sluice.ep: bound the expert block's rows per rank to this multiple "
-        "of the balanced mean (default: the worst case, which grows with --ep); a step that would "
-        "drop a copy past the bound stops the run",
+        default=2.0,
+        help="sluice path over sluice.ep: every rank's receive buffer and expert block hold this "
+        "multiple of the balanced mean (tokens x top-k rows) a round; a step whose routing sends a "
+        "rank more runs further exchange rounds in the same step (nothing dropped, metrics.jsonl's "
+        "ep_rounds > 1) (default 2.0)",
+    )
+    p.add_argument(
+        "--ep-worst-case",
+        action="store_true",
+        help="sluice path over sluice.ep: size the buffers for the worst case instead (every "
+        "token of every rank: memory that grows with --ep), one exchange per step",
     )
     p.add_argument(
         "--ep-sms",
@@ -191,7 +199,7 @@ def build_config(a) -> tuple[ModelConfig, dict]:
         use_sluice_gmm=not a.no_sluice_gmm,
         use_sluice_dispatch=not a.no_sluice_dispatch,
         fsdp=a.fsdp,
-        ep_rows_factor=a.ep_rows_factor,
+        ep_rows_factor=None if a.ep_worst_case else a.ep_rows_factor,
         ep_num_sms=a.ep_sms,
     )
     for k in ("bias_update_rate", "aux_loss_coef", "num_shared_experts"):

@@ -3,7 +3,7 @@
 Pre-norm blocks: RMSNorm -> rotary multi-head attention -> RMSNorm -> SwiGLU FFN or
 ``sluice.nn.moe.MoE``. Parameters in fp32, compute in ``dtype`` (bf16 by default), norms, softmax and
 logits in fp32. ``Transformer(tokens [B,S]) -> (logits f32 [B,S,V], aux)`` with ``aux = {"aux_loss":
-f32, "load": f32[L_moe,E], "dropped": f32[L_moe]}``.
+f32, "load": f32[L_moe,E], "dropped": f32[L_moe], "ep": f32[L_moe, 3]}`` (``MoE``'s stats).
 
 Presets (``PRESETS``) hold the model and its default training sizes:
 - ``tiny``: trains on a 2-core laptop CPU in a few minutes.
@@ -275,6 +275,7 @@ class Transformer(nnx.Module):
             "aux_loss": sum((st["aux_loss"] for st in stats), jnp.zeros((), jnp.float32)),
             "load": jnp.stack([st["load"] for st in stats]),
             "dropped": jnp.stack([st["dropped"] for st in stats]),
+            "ep": jnp.stack([st["ep"] for st in stats]),
         }
         return logits, aux
 

@@ -28,7 +28,8 @@ sluice path weights the activations and sums in fp32).
 
 Every call returns ``(y, stats)`` with ``stats = {"load": f32[E] routed token copies per expert
 (global), "dropped": f32 fraction of token copies dropped, "aux_loss": f32 load-balance loss (per
-shard, averaged over shards)}``.
+shard, averaged over shards), "ep": f32[3] over sluice.ep: the exchange's rounds, the most rows and
+the most (row, slot) pairs one rank received (zeros on the other paths)}``.
 
 Parallelism: give the layer a ``mesh`` with a data axis and an expert axis. The layer runs in
 ``shard_map``: tokens are split over both axes (the expert axis also splits the batch), expert
@@ -78,11 +79,14 @@ class MoEConfig:
     # sluice only, under expert parallelism: sluice.ep's dispatch/combine (True) or
     # jax.lax.ragged_all_to_all (False)
     use_sluice_dispatch: bool = True
-    # sluice.ep only: rows of the expert block per rank, as a multiple of the balanced mean (tokens
-    # x top_k). None: the worst case (every token of every rank for up to min(k, E/R) of this rank's
-    # experts), which grows with the rank count. Copies past the bound are dropped and counted in
-    # stats["dropped"] (sluice-train stops on them): a memory bound, not a capacity to tune.
-    ep_rows_factor: float | None = None
+    # sluice.ep only: F, the receive buffer and expert block of every rank hold F times the balanced
+    # mean (tokens x top_k (row, slot) pairs) a round, sluice.ep.bounded_moe; a step whose routing
+    # sends a rank more runs further rounds, nothing is dropped and the values are the worst-case
+    # path's. None: the worst-case buffers (every token of every rank for up to min(k, E/R) of this
+    # rank's experts), which grow with the rank count. 2.0: balanced routing (and the router's
+    # aux-loss-free bias keeps it so) stays in one round with room for a busiest rank at twice the
+    # mean.
+    ep_rows_factor: float | None = 2.0
     # sluice.ep only: thread blocks of the exchange kernels (sluice.ep.setup's num_sms; None: its
     # default)
     ep_num_sms: int | None = None
@@ -417,41 +421,50 @@ def _dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
     """Expert parallelism on sluice.ep: each token crosses once to each rank that owns any of its
     experts; the receiver fans rows out by local expert (no argsort), the experts scale each copy
     by its router weight in the SwiGLU, and fan_in/combine sum their outputs in fp32 (rounded once
-    per rank to the compute dtype for the trip back)."""
+    per rank to the compute dtype for the trip back). With cfg.ep_rows_factor the buffers hold F
+    times the balanced mean and overflow runs in further rounds (sluice.ep.bounded_moe), else they
+    are sized for the worst case. Returns (y f32 [T, D], f32 [3]: rounds, the most rows and the
+    most (row, slot) pairs a rank received)."""
     # With sluice's gmm the expert block's rows past the groups are never zeroed nor computed
     # (gmm's output, fan_out's, fan_in's gradient, the SwiGLU): only gmm, tgmm, fan_in, fan_out's
     # transpose and row-wise element-wise ops meet them; writing them cost ~6% of an EP 4 step.
     zero_unused = gmm is not _sluice_gmm
     if not zero_unused:
         gmm = _sluice_gmm_unused_rows_unwritten
-    recv = ep.dispatch(x, idx, weights, num_experts=cfg.num_experts, axis_name=ep_axis)
-    rows = None
-    if cfg.ep_rows_factor is not None:
-        # balanced mean: every rank sends and receives tokens x k copies (rounded up to 16 rows)
-        rows = -(-math.ceil(cfg.ep_rows_factor * x.shape[0] * idx.shape[1]) // 16) * 16
 
-    def experts(rx, ri, rw, wi, wo):
-        # fan_out leaves out the copies past `rows` (the expert block, its activations and
-        # residuals are `rows` long); they are counted as dropped
-        xs, group_sizes, fan = ep.fan_out(
-            recv._replace(x=rx, topk_idx=ri, topk_weights=rw),
-            max_rows=rows,
-            zero_unused_rows=zero_unused,
+    def experts(recv, params, max_rows):
+        xs, _, fan = ep.fan_out(recv, max_rows=max_rows, zero_unused_rows=zero_unused)
+        return _expert_block(xs, *params, fan, gmm, None, kernel=not zero_unused)
+
+    if cfg.ep_rows_factor is not None:
+        # Under remat the experts of a round keep only their inputs (the round's received rows)
+        rows = ep.bounded_rows(x.shape[0], idx.shape[1], cfg.ep_rows_factor)
+        y, st = ep.bounded_moe(
+            x,
+            idx,
+            weights,
+            jax.checkpoint(experts, static_argnums=(2,)) if cfg.remat else experts,
+            (wi, wo),
+            num_experts=cfg.num_experts,
+            axis_name=ep_axis,
+            rows=rows,
         )
-        y = _expert_block(xs, wi, wo, fan, gmm, None, kernel=not zero_unused)
-        return y, group_sizes
+        keys = ("rounds", "peak_recv_rows", "peak_expert_rows")
+        return y.astype(jnp.float32), jnp.stack([st[k] for k in keys]).astype(jnp.float32)
+    recv = ep.dispatch(x, idx, weights, num_experts=cfg.num_experts, axis_name=ep_axis)
+
+    def local(rx, ri, rw, wi, wo):
+        return experts(recv._replace(x=rx, topk_idx=ri, topk_weights=rw), (wi, wo), None)
 
     # Under remat the whole local part (fan-out, the experts, fan-in: no communication) is one
     # recomputed region: it keeps only the received rows [T*R, H] for the backward pass instead of
-    # the expert block's input and output (max_rows rows each: up to min(k, E/R) times as many).
-    y, group_sizes = (jax.checkpoint(experts) if cfg.remat else experts)(
+    # the expert block's input and output (up to min(k, E/R) times as many rows).
+    y = (jax.checkpoint(local) if cfg.remat else local)(
         recv.x, recv.topk_idx, recv.topk_weights, wi, wo
     )
-    if rows is None:  # the worst case: nothing can be left out
-        dropped = jnp.zeros((), jnp.float32)
-    else:
-        dropped = (jnp.sum(recv.topk_idx >= 0) - jnp.sum(group_sizes)).astype(jnp.float32)
-    return ep.combine(y, recv.handle).astype(jnp.float32), dropped
+    peaks = jax.lax.pmax(jnp.stack([recv.num_rows, jnp.sum(recv.counts)]), ep_axis)
+    info = jnp.concatenate([jnp.ones((1,), jnp.int32), peaks]).astype(jnp.float32)
+    return ep.combine(y, recv.handle).astype(jnp.float32), info
 
 
 def _setup_sluice_ep(cfg: MoEConfig, mesh, axis_name) -> bool:
@@ -507,6 +520,7 @@ def moe_block(
         return jax.lax.psum(v, reduce_axes) if reduce_axes else v
 
     counts = None  # per-expert copies of this shard's tokens, where the path counts them anyway
+    ep_info = jnp.zeros((3,), jnp.float32)  # sluice.ep: rounds, peak rows, peak pairs of a rank
     if cfg.impl == "dense":
         y, dropped = _dense(
             cfg, x, idx.reshape(b, s, -1), weights.reshape(b, s, -1), wi, wo, ep_axis
@@ -519,7 +533,7 @@ def moe_block(
         if ep_axis is None:
             y, counts = _dropless_local(cfg, xt, idx, weights, wi, wo, gmm)
         elif sluice_dispatch:
-            y, dropped = _dropless_sluice_ep(cfg, xt, idx, weights, wi, wo, gmm, ep_axis)
+            y, ep_info = _dropless_sluice_ep(cfg, xt, idx, weights, wi, wo, gmm, ep_axis)
         else:
             y = _dropless_ragged_a2a(cfg, xt, idx, weights, wi, wo, gmm, ep_axis, emulate_a2a)
 
@@ -532,6 +546,8 @@ def moe_block(
         "aux_loss": (
             total(load_balance_loss(scores, idx, counts)) / (total(jnp.ones((), jnp.float32)))
         ),
+        # the most over the shards (rounds are the same on every rank of an expert group)
+        "ep": jax.lax.pmax(ep_info, reduce_axes) if reduce_axes else ep_info,
     }
     return y.reshape(b, s, d).astype(x.dtype), stats
 

@@ -92,7 +92,8 @@ def make_steps(
     scan: the step sums their gradients in float32 and updates once with the mean, as one step on
     the whole batch would, up to the order of the float sums and the load-balance loss, which each
     micro-batch computes on its own tokens. The metrics are the batch's: loss, aux loss and dropped
-    fraction averaged over the micro-batches, the expert loads summed. ``micro_sharding`` places the
+    fraction averaged over the micro-batches, the expert loads summed, the exchange's rounds and peak
+    rows the most of any. ``micro_sharding`` places the
     [N, B/N, ...] micro-batches, ``grad_shardings`` the summed gradients (the parameters'
     shardings); both optional."""
 
@@ -127,7 +128,11 @@ def make_steps(
             zeros = (jax.lax.with_sharding_constraint(zeros[0], grad_shardings), *zeros[1:])
 
         def body(total, mb):
-            return jax.tree.map(jnp.add, total, grads_on(params, rest, mb, copies)), None
+            new = grads_on(params, rest, mb, copies)
+            summed = jax.tree.map(jnp.add, total, new)
+            # the exchange's rounds and peaks: the most of any micro-batch
+            summed[2]["ep"] = jnp.maximum(total[2]["ep"], new[2]["ep"])
+            return summed, None
 
         (grads, ce, aux), _ = jax.lax.scan(body, zeros, micro_batches(tokens))
         mean = lambda x: x / grad_accum
@@ -135,6 +140,7 @@ def make_steps(
             "aux_loss": mean(aux["aux_loss"]),
             "dropped": mean(aux["dropped"]),
             "load": aux["load"],
+            "ep": aux["ep"],
         }
         return jax.tree.map(mean, grads), mean(ce), aux
 
@@ -156,6 +162,8 @@ def make_steps(
             "grad_norm": _global_norm(grads),
             "dropped": jnp.mean(aux["dropped"]),
             "load": aux["load"],
+            # sluice.ep: the most rounds, rows and (row, slot) pairs of a rank in any MoE layer
+            "ep": jnp.max(aux["ep"], axis=0),
         }
         return params, rest, opt_state, copies, metrics
 

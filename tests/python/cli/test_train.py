@@ -169,9 +169,11 @@ def test_training_fits_evaluation_to_the_validation_stream(tmp_path, capsys):
     assert [r["step"] for r in records(str(tmp_path / "b"), "eval")] == [2]
 
 
-def test_training_stops_when_the_ep_rows_bound_drops(tmp_path):
-    """sluice path over sluice.ep with a bound below the routing: the run stops with the reason
-    instead of training on dropped copies."""
+def test_ep_rows_bound_overflows_into_rounds_and_says_so(tmp_path):
+    """sluice path over sluice.ep: a bound below the routing runs more exchange rounds (metrics.jsonl
+    says how many, nothing dropped) and trains to the worst-case path's losses."""
+    import json
+
     from sluice.cli import train
 
     if len(jax.devices()) < 2:
@@ -205,9 +207,22 @@ def test_training_stops_when_the_ep_rows_bound_drops(tmp_path):
         "--log-every",
         "1",
     ]
-    train.main(argv + ["--ep-rows-factor", "2.0", "--out", str(tmp_path / "fits")])
-    with pytest.raises(SystemExit, match="ep-rows-factor"):
-        train.main(argv + ["--ep-rows-factor", "0.05", "--out", str(tmp_path / "drops")])
+    runs = {"worst": ["--ep-worst-case"], "fits": [], "rounds": ["--ep-rows-factor", "0.05"]}
+    recs = {}
+    for name, flags in runs.items():
+        train.main(argv + flags + ["--out", str(tmp_path / name)])
+        with open(tmp_path / name / "metrics.jsonl") as f:
+            lines = [json.loads(line) for line in f]
+        recs[name] = [r for r in lines if r["kind"] == "train"]
+    for name in runs:
+        assert all(r["dropped"] == 0.0 for r in recs[name])
+        assert all(r["ep_peak_expert_rows"] > 0 for r in recs[name])
+    assert all(r["ep_rounds"] == 1 for r in recs["worst"] + recs["fits"])
+    assert all(r["ep_rounds"] > 1 for r in recs["rounds"])
+    for name in ("fits", "rounds"):
+        for a, b in zip(recs[name], recs["worst"]):
+            assert a["ep_peak_recv_rows"] == b["ep_peak_recv_rows"]
+            assert abs(a["loss"] - b["loss"]) < 1e-5 * abs(b["loss"])
 
 
 def test_router_and_shared_expert_flags_override_the_preset():

@@ -22,10 +22,16 @@ SPEC = P("ep")
 
 
 @functools.cache
-def mesh_of(r):
+def _mesh(r):
     mesh = Mesh(np.array(jax.devices()[:r]), ("ep",))
     ep.setup(mesh, "ep", timeout_s=30.0)
     return mesh
+
+
+def mesh_of(r):
+    if len(jax.devices()) < r:  # (on a GPU host with fewer GPUs)
+        pytest.skip(f"needs {r} devices")
+    return _mesh(r)
 
 
 def experts(recv, params, max_rows):
@@ -184,6 +190,7 @@ def temp_bytes(r, t, h, k, e, rows):
 
 def test_memory_does_not_grow_with_the_rank_count():
     t, h, k = 32, 128, 4
+    mesh_of(8)
     rows = ep.bounded_rows(t, k, 2.0)
     b2, b8 = temp_bytes(2, t, h, k, 64, rows), temp_bytes(8, t, h, k, 64, rows)
     u2, u8 = temp_bytes(2, t, h, k, 64, None), temp_bytes(8, t, h, k, 64, None)
