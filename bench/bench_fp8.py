@@ -493,7 +493,7 @@ def main():
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--lib", default="build-gpu/libsluice_gpu.so")
-    p.add_argument("--shapes", default="bench,deepgemm")
+    p.add_argument("--shapes", default="bench,deepgemm", help="tests/shapes.py sets; none: no GEMM")
     p.add_argument("--dists", default="uniform,skewed")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
@@ -519,7 +519,7 @@ def main():
     lib = open_lib(args.lib)
     rows = []
     for spec in args.shapes.split(","):
-        for shape in select_shapes(spec):
+        for shape in select_shapes(spec) if spec != "none" else ():
             rows += bench_shape(lib, shape, args)
             torch.cuda.empty_cache()
     qrows = bench_quantize(lib, args)

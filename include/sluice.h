@@ -183,13 +183,13 @@ sl_status sl_tgmm_fp8_cuda(const sl_gmm_desc *desc, const void *lhs_t, const flo
 
 /* FP8 block quantization on the GPU, bit for bit python/sluice/ops/fp8.py's `quantize` (the CPU
  * runs that jnp code itself). x [batch, x_rows, cols] (F32, BF16 or F16) is read as
- * [batch, rows, cols] (rows >= x_rows), the rows past x_rows and those at or past valid_rows[b]
- * (device int32 [batch], or NULL) as zero, in blocks of block_rows x block_cols: (1, 128),
- * (128, 1) or (128, 128); power_of_two rounds each scale up to a power of two. Writes q
- * [batch, rows, cols] and/or its transpose q_t [batch, cols, rows] (float8_e4m3fn; either may be
- * NULL, not both) and the f32 scale: [batch, rows, ceil(cols/128)] for (1, 128),
- * [batch, ceil(rows/128), cols] for (128, 1), [batch, ceil(rows/128), ceil(cols/128)] for
- * (128, 128). Stream-ordered, no host sync. */
+ * [batch, rows, cols] (rows >= x_rows); rows past x_rows, and rows outside [lo, hi) of
+ * row_range[b] = (lo, hi) (device int32 [batch, 2], or NULL), read as zero. Blocks of
+ * block_rows x block_cols: (1, 128), (128, 1) or (128, 128); power_of_two rounds each scale up to
+ * a power of two. Writes q [batch, rows, cols] and/or its transpose q_t [batch, cols, rows]
+ * (float8_e4m3fn; either may be NULL, not both) and the f32 scale: [batch, rows, ceil(cols/128)]
+ * for (1, 128), [batch, ceil(rows/128), cols] for (128, 1), [batch, ceil(rows/128),
+ * ceil(cols/128)] for (128, 128). Stream-ordered, no host sync. */
 typedef struct sl_quantize_fp8_desc {
   size_t struct_size; /* sizeof(sl_quantize_fp8_desc) */
   int64_t batch, rows, cols, x_rows;
@@ -198,7 +198,7 @@ typedef struct sl_quantize_fp8_desc {
   int power_of_two;
 } sl_quantize_fp8_desc;
 sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *desc, const void *x,
-                               const int32_t *valid_rows, void *q, void *q_t, float *scale,
+                               const int32_t *row_range, void *q, void *q_t, float *scale,
                                void *stream);
 
 /* 1 if the library was built with CUDA kernels, else 0. */

@@ -50,9 +50,9 @@ sl_status sl_tgmm_fp8_cuda(const sl_gmm_desc *desc, const void *lhs_t, const flo
 }
 
 sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *desc, const void *x,
-                               const int32_t *valid_rows, void *q, void *q_t, float *scale,
+                               const int32_t *row_range, void *q, void *q_t, float *scale,
                                void *stream) {
-  (void)desc, (void)x, (void)valid_rows, (void)q, (void)q_t, (void)scale, (void)stream;
+  (void)desc, (void)x, (void)row_range, (void)q, (void)q_t, (void)scale, (void)stream;
   return not_built("quantize_fp8");
 }
 

@@ -27,10 +27,10 @@ constexpr float kScaleMin = 1.17549435e-38f;         /* 2^-126 */
 
 struct QArgs {
   const void *x;
-  const int32_t *valid_rows; /* device int32 [batch] or NULL */
+  const int32_t *row_range; /* device int32 [batch][2] (lo, hi) or NULL: rows read from x */
   uint8_t *q, *qt;           /* [B, rows, cols], [B, cols, rows]; NULL: not written */
   float *scale;
-  long long rows, cols, x_rows; /* rows of the output; rows present in x (<= rows) */
+  long long batch, rows, cols, x_rows; /* rows of the output; rows present in x (<= rows) */
   int br, bc;                   /* block: (1, 128), (128, 1) or (128, 128) */
   int pow2;
   sl_dtype dtype;
@@ -52,41 +52,80 @@ __device__ __forceinline__ float pow2_ceil(float s, float amax) {
   return (448.0f * half >= amax && half >= kScaleMin) ? half : p;
 }
 
-/* amax and "any non-finite" -> the block's scale. */
-__device__ __forceinline__ float block_scale(float amax, bool bad, int pow2) {
-  if (bad) return __int_as_float(0x7fffffff);
+/* An element's contribution to its block's maximum: |v|, and +inf for inf or NaN, so that one
+ * maximum also says whether the block holds a non-finite value (fmaxf alone drops NaN). */
+__device__ __forceinline__ float amax_term(float v) {
+  const float a = fabsf(v);
+  return a <= 3.40282347e38f ? a : __int_as_float(0x7f800000);
+}
+
+/* A block's scale from its maximum (amax_term's): NaN for a block with inf or NaN. */
+__device__ __forceinline__ float block_scale(float amax, int pow2) {
+  if (!(amax <= 3.40282347e38f)) return __int_as_float(0x7fffffff);
   float s = fmaxf(__fmul_rn(amax, kRcpMax), kScaleMin);
   return pow2 ? pow2_ceil(s, amax) : s;
 }
 
-__device__ __forceinline__ uint8_t to_e4m3(float v, float s) {
-  float y = __fdiv_rn(v, s);
-  y = y > 448.0f ? 448.0f : (y < -448.0f ? -448.0f : y); /* NaN stays NaN */
+/* e4m3_rn(clip(v / s)) with v / s an IEEE division, from rcp = 1/s rounded: v * rcp is within
+ * 2.5 units in the last place of the rounded quotient, so it rounds to the same e4m3 value
+ * unless an e4m3 tie (mantissa bits 19..0 = 0x80000 in e4m3's normal range) lies within 4 units
+ * of it, or it falls in e4m3's subnormal range; only those (about 1e-5 of random values, and
+ * small ones) take the division. satfinite clips as the rule does; NaN stays NaN. */
+__device__ __forceinline__ uint8_t to_e4m3(float v, float s, float rcp) {
+  float y = v * rcp;
+  const uint32_t bits = __float_as_uint(y), e = (bits >> 23) & 0xFF;
+  if (v != 0.f && (e < 121 || (bits & 0xFFFFF) - 0x7FFFCu < 9u)) y = __fdiv_rn(v, s);
   return (uint8_t)__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3);
 }
 
+/* The rows of problem b read from x, [lo, hi): those present and inside row_range[b]; the others
+ * read as zero. */
+struct Live {
+  long long lo, hi;
+  __device__ __forceinline__ bool has(long long r) const { return r >= lo && r < hi; }
+};
+__device__ __forceinline__ Live live_rows(const QArgs &a, long long b) {
+  Live l{0, a.x_rows};
+  if (a.row_range) {
+    l.lo = max((long long)a.row_range[2 * b], 0LL);
+    l.hi = min(l.hi, (long long)a.row_range[2 * b + 1]);
+  }
+  return l;
+}
+
 __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
-  extern __shared__ float tile[]; /* [kT][kLd], then the block scales */
+  extern __shared__ float tile[]; /* [kT][kLd], then the block scales and their reciprocals */
   float *sc = tile + kT * kLd;    /* per row (1 x 128), per column (128 x 1) or sc[0] (128 x 128) */
+  float *rc = sc + kT;
   __shared__ float red_amax[kThreads / 32];
-  __shared__ int red_bad[kThreads / 32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const long long b = blockIdx.z, r0 = (long long)blockIdx.x * kT, c0 = (long long)blockIdx.y * kT;
   const long long R = a.rows, C = a.cols;
-  long long live = a.x_rows; /* rows read from x; the rest are zero */
-  if (a.valid_rows) live = min(live, (long long)max(a.valid_rows[b], 0));
+  const Live live = live_rows(a, b);
   const size_t es = a.dtype == SL_DTYPE_F32 ? 4 : 2;
   const char *xb = (const char *)a.x + (size_t)b * a.x_rows * C * es;
 
-  /* load: 8 elements (16 bytes of 16-bit input) per step; float32 input 4 per step */
+  /* load: 8 elements a step, the 16-bit inputs as one 16-byte load; all 8 steps' loads issue
+   * before any result is used (a load per step, waited for before the next, left the kernel at a
+   * third of the bandwidth) */
   const bool vec = (C % 8 == 0) && ((uintptr_t)a.x % 16 == 0) && es == 2;
-  for (int i = tid; i < kT * (kT / 8); i += kThreads) {
-    const int rr = i / (kT / 8), cc = (i % (kT / 8)) * 8;
+  constexpr int kSteps = kT * (kT / 8) / kThreads;
+  uint4 raw[kSteps];
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j) {
+    const int i = tid + j * kThreads, rr = i / (kT / 8), cc = (i % (kT / 8)) * 8;
+    const long long r = r0 + rr, c = c0 + cc;
+    raw[j] = make_uint4(0u, 0u, 0u, 0u);
+    if (vec && live.has(r) && c + 8 <= C)
+      raw[j] = __ldg(reinterpret_cast<const uint4 *>(xb + ((size_t)r * C + c) * 2));
+  }
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j) {
+    const int i = tid + j * kThreads, rr = i / (kT / 8), cc = (i % (kT / 8)) * 8;
     const long long r = r0 + rr, c = c0 + cc;
     float v[8];
-    if (vec && r < live && c + 8 <= C) {
-      const uint4 u = *reinterpret_cast<const uint4 *>(xb + ((size_t)r * C + c) * 2);
-      const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    if (vec && live.has(r) && c + 8 <= C) {
+      const uint32_t w[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         if (a.dtype == SL_DTYPE_BF16) {
@@ -100,7 +139,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
     } else {
 #pragma unroll
       for (int k = 0; k < 8; ++k)
-        v[k] = (r < live && c + k < C) ? load_one(xb, a.dtype, (size_t)r * C + c + k) : 0.f;
+        v[k] = (live.has(r) && c + k < C) ? load_one(xb, a.dtype, (size_t)r * C + c + k) : 0.f;
     }
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
@@ -114,42 +153,26 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
   if (a.br == 1 || a.bc == 1) {
     const int line = tid >> 1, half = tid & 1;
     float m = 0.f;
-    bool bad = false;
-    for (int k = half * 64; k < half * 64 + 64; ++k) {
-      const float v = a.br == 1 ? tile[line * kLd + k] : tile[k * kLd + line];
-      bad |= !isfinite(v);
-      m = fmaxf(m, fabsf(v));
-    }
+    for (int k = half * 64; k < half * 64 + 64; ++k)
+      m = fmaxf(m, amax_term(a.br == 1 ? tile[line * kLd + k] : tile[k * kLd + line]));
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    bad |= __shfl_xor_sync(0xffffffffu, (int)bad, 1) != 0;
-    if (half == 0) sc[line] = block_scale(m, bad, a.pow2);
+    if (half == 0) sc[line] = block_scale(m, a.pow2), rc[line] = __frcp_rn(sc[line]);
   } else {
     float m = 0.f;
-    bool bad = false;
-    for (int i = tid; i < kT * kT; i += kThreads) {
-      const float v = tile[(i / kT) * kLd + i % kT];
-      bad |= !isfinite(v);
-      m = fmaxf(m, fabsf(v));
-    }
+    for (int i = tid; i < kT * kT; i += kThreads) m = fmaxf(m, amax_term(tile[(i / kT) * kLd + i % kT]));
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      bad |= __shfl_xor_sync(0xffffffffu, (int)bad, o) != 0;
-    }
-    if (lane == 0) red_amax[warp] = m, red_bad[warp] = bad;
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) red_amax[warp] = m;
     __syncthreads();
     if (tid == 0) {
       float mm = 0.f;
-      int bb = 0;
-      for (int w = 0; w < kThreads / 32; ++w) mm = fmaxf(mm, red_amax[w]), bb |= red_bad[w];
-      sc[0] = block_scale(mm, bb != 0, a.pow2);
+      for (int w = 0; w < kThreads / 32; ++w) mm = fmaxf(mm, red_amax[w]);
+      sc[0] = block_scale(mm, a.pow2), rc[0] = __frcp_rn(sc[0]);
     }
   }
   __syncthreads();
 
-  auto scale_of = [&](int rr, int cc) {
-    return a.br == 1 ? sc[rr] : (a.bc == 1 ? sc[cc] : sc[0]);
-  };
+  auto at = [&](int rr, int cc) { return a.br == 1 ? rr : (a.bc == 1 ? cc : 0); };
   /* the scales: [rows, ceil(C/128)], [ceil(R/128), C] or [ceil(R/128), ceil(C/128)] */
   float *sb = a.scale + (size_t)b * (a.br == 1 ? R : (R + 127) / 128) *
                             (a.bc == 1 ? C : (C + 127) / 128);
@@ -171,7 +194,10 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
       if (r >= R || c >= C) continue;
       uint8_t v[16];
 #pragma unroll
-      for (int k = 0; k < 16; ++k) v[k] = to_e4m3(tile[rr * kLd + cc + k], scale_of(rr, cc + k));
+      for (int k = 0; k < 16; ++k) {
+        const int i = at(rr, cc + k);
+        v[k] = to_e4m3(tile[rr * kLd + cc + k], sc[i], rc[i]);
+      }
       if (qvec) {
         *reinterpret_cast<uint4 *>(qb + (size_t)r * C + c) = *reinterpret_cast<const uint4 *>(v);
       } else {
@@ -189,7 +215,10 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
       if (r >= R || c >= C) continue;
       uint8_t v[16];
 #pragma unroll
-      for (int k = 0; k < 16; ++k) v[k] = to_e4m3(tile[(rr + k) * kLd + cc], scale_of(rr + k, cc));
+      for (int k = 0; k < 16; ++k) {
+        const int i = at(rr + k, cc);
+        v[k] = to_e4m3(tile[(rr + k) * kLd + cc], sc[i], rc[i]);
+      }
       if (qvec) {
         *reinterpret_cast<uint4 *>(qb + (size_t)c * R + r) = *reinterpret_cast<const uint4 *>(v);
       } else {
@@ -199,7 +228,156 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
   }
 }
 
-constexpr size_t kSmemBytes = (size_t)(kT * kLd + kT) * sizeof(float);
+
+/* Four elements of row r from column c (c + 4 <= C) as float32, subnormals flushed; vec: one 8-byte
+ * (16-bit x) or 16-byte (float32 x) load. */
+__device__ __forceinline__ void load4(const QArgs &a, const char *xb, long long r, long long c,
+                                      bool vec, float (&v)[4]) {
+  const long long C = a.cols;
+  if (vec) {
+    if (a.dtype == SL_DTYPE_F32) {
+      const float4 f = __ldg(reinterpret_cast<const float4 *>(xb + ((size_t)r * C + c) * 4));
+      v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    } else {
+      const uint2 u = __ldg(reinterpret_cast<const uint2 *>(xb + ((size_t)r * C + c) * 2));
+      const uint32_t w[2] = {u.x, u.y};
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        if (a.dtype == SL_DTYPE_BF16) {
+          __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162 *>(&w[k]);
+          v[2 * k] = __low2float(h), v[2 * k + 1] = __high2float(h);
+        } else {
+          __half2 h = *reinterpret_cast<const __half2 *>(&w[k]);
+          v[2 * k] = __low2float(h), v[2 * k + 1] = __high2float(h);
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = c + k < C ? load_one(xb, a.dtype, (size_t)r * C + c + k) : 0.f;
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) v[k] = fabsf(v[k]) < kScaleMin ? 0.f : v[k];
+}
+
+/* 1 x 128 blocks written row-major: a warp per block (128 columns of a row), 4 elements a lane, no
+ * shared memory. CTA (x, y, z) takes rows [32 x, 32 x + 32) of column block y of problem z, each
+ * warp kRowBlocks rows at once so that their loads are in flight together (and no index needs a
+ * division). The activations' layout, read and written at the speed of the memory. */
+constexpr int kRowBlocks = 4, kRowsPerCta = kRowBlocks * kThreads / 32;
+__global__ void __launch_bounds__(kThreads) quantize_rows_kernel(QArgs a) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long long R = a.rows, C = a.cols, nbc = (C + 127) / 128, b = blockIdx.z;
+  const long long r0 = (long long)blockIdx.x * kRowsPerCta + warp * kRowBlocks;
+  const long long c = (long long)blockIdx.y * 128 + lane * 4;
+  const size_t es = a.dtype == SL_DTYPE_F32 ? 4 : 2;
+  const char *xb = (const char *)a.x + (size_t)b * a.x_rows * C * es;
+  const bool vec = C % 4 == 0 && (uintptr_t)a.x % (4 * es) == 0 && c + 4 <= C;
+  const Live live = live_rows(a, b);
+  float v[kRowBlocks][4];
+#pragma unroll
+  for (int u = 0; u < kRowBlocks; ++u) {
+    if (live.has(r0 + u) && c < C)
+      load4(a, xb, r0 + u, c, vec, v[u]);
+    else
+      v[u][0] = v[u][1] = v[u][2] = v[u][3] = 0.f;
+  }
+#pragma unroll
+  for (int u = 0; u < kRowBlocks; ++u) {
+    const long long r = r0 + u;
+    if (r >= R) break;
+    float m = 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) m = fmaxf(m, amax_term(v[u][k]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float sc = block_scale(m, a.pow2), rcp = __frcp_rn(sc);
+    if (lane == 0) a.scale[((size_t)b * R + r) * nbc + blockIdx.y] = sc;
+    if (c >= C) continue;
+    uint8_t q[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) q[k] = to_e4m3(v[u][k], sc, rcp);
+    uint8_t *dst = a.q + ((size_t)b * R + r) * C + c;
+    if (C % 4 == 0 && (uintptr_t)a.q % 4 == 0 && c + 4 <= C)
+      *reinterpret_cast<uint32_t *>(dst) = *reinterpret_cast<const uint32_t *>(q);
+    else
+      for (int k = 0; k < 4 && c + k < C; ++k) dst[k] = q[k];
+  }
+}
+
+/* 128 x 1 blocks (the weight gradient's operands): tiles of 128 rows x 32 columns through shared
+ * memory, q_t written 16 rows (bytes) of a column a thread, q 16 columns of a row a thread. */
+constexpr int kCols = 32;
+__global__ void __launch_bounds__(kThreads) quantize_cols_kernel(QArgs a) {
+  __shared__ float tile[kT][kCols + 1];
+  __shared__ float sc[kCols], rc[kCols];
+  const int tid = threadIdx.x;
+  const long long b = blockIdx.z, r0 = (long long)blockIdx.x * kT, c0 = (long long)blockIdx.y * kCols;
+  const long long R = a.rows, C = a.cols;
+  const Live live = live_rows(a, b);
+  const size_t es = a.dtype == SL_DTYPE_F32 ? 4 : 2;
+  const char *xb = (const char *)a.x + (size_t)b * a.x_rows * C * es;
+  const bool vec = C % 4 == 0 && (uintptr_t)a.x % (4 * es) == 0;
+  /* 128 x 32 elements, 4 a step, 4 steps a thread; the loads first, then the stores */
+  float v[4][4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int i = tid + j * kThreads, rr = i / (kCols / 4), cc = (i % (kCols / 4)) * 4;
+    const long long r = r0 + rr, c = c0 + cc;
+    if (live.has(r) && c < C)
+      load4(a, xb, r, c, vec && c + 4 <= C, v[j]);
+    else
+      v[j][0] = v[j][1] = v[j][2] = v[j][3] = 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int i = tid + j * kThreads, rr = i / (kCols / 4), cc = (i % (kCols / 4)) * 4;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) tile[rr][cc + k] = v[j][k];
+  }
+  __syncthreads();
+  { /* column c's maximum: 8 threads, rows part, part + 8, ... */
+    const int c = tid >> 3, part = tid & 7;
+    float m = 0.f;
+#pragma unroll
+    for (int k = 0; k < kT / 8; ++k) m = fmaxf(m, amax_term(tile[k * 8 + part][c]));
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (part == 0) sc[c] = block_scale(m, a.pow2), rc[c] = __frcp_rn(sc[c]);
+  }
+  __syncthreads();
+  if (tid < kCols && c0 + tid < C) a.scale[((size_t)b * ((R + 127) / 128) + blockIdx.x) * C + c0 + tid] = sc[tid];
+  if (a.qt) { /* column c, rows [16 part, 16 part + 16) */
+    const int c = tid >> 3, part = tid & 7;
+    const long long r = r0 + 16 * part;
+    if (c0 + c < C && r < R) {
+      uint8_t q[16];
+#pragma unroll
+      for (int k = 0; k < 16; ++k) q[k] = to_e4m3(tile[16 * part + k][c], sc[c], rc[c]);
+      uint8_t *dst = a.qt + ((size_t)b * C + c0 + c) * R + r;
+      if (R % 16 == 0 && (uintptr_t)a.qt % 16 == 0)
+        *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(q);
+      else
+        for (int k = 0; k < 16 && r + k < R; ++k) dst[k] = q[k];
+    }
+  }
+  if (a.q) { /* row rr, columns [16 h, 16 h + 16) */
+    const int rr = tid >> 1, h = tid & 1;
+    const long long r = r0 + rr, c = c0 + 16 * h;
+    if (r < R && c < C) {
+      uint8_t q[16];
+#pragma unroll
+      for (int k = 0; k < 16; ++k) q[k] = to_e4m3(tile[rr][16 * h + k], sc[16 * h + k], rc[16 * h + k]);
+      uint8_t *dst = a.q + ((size_t)b * R + r) * C + c;
+      if (C % 16 == 0 && (uintptr_t)a.q % 16 == 0)
+        *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(q);
+      else
+        for (int k = 0; k < 16 && c + k < C; ++k) dst[k] = q[k];
+    }
+  }
+}
+
+constexpr size_t kSmemBytes = (size_t)(kT * kLd + 2 * kT) * sizeof(float);
 constexpr int kMaxDevices = 64;
 bool g_smem_raised[kMaxDevices];
 std::mutex g_smem_mutex;
@@ -207,7 +385,7 @@ std::mutex g_smem_mutex;
 } /* namespace */
 
 extern "C" sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *d, const void *x,
-                                          const int32_t *valid_rows, void *q, void *q_t,
+                                          const int32_t *row_range, void *q, void *q_t,
                                           float *scale, void *stream) {
   const char *op = "quantize_fp8";
   sl_status st = sl_quantize_fp8_check(d, op);
@@ -216,9 +394,10 @@ extern "C" sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *d, const v
   if ((x == NULL && d->x_rows > 0) || scale == NULL || (q == NULL && q_t == NULL))
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "%s: x, scale and at least one of q and q_t must be given", op);
-  if ((d->rows + kT - 1) / kT > INT32_MAX || (d->cols + kT - 1) / kT > 65535 || d->batch > 65535)
+  if ((d->rows + kT - 1) / kT > INT32_MAX || (d->cols + kCols - 1) / kCols > 65535 ||
+      d->batch > 65535)
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
-                        "%s: at most 65535 column tiles of 128 and 65535 problems", op);
+                        "%s: at most 65535 column tiles of 32 and 65535 problems", op);
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess && dev >= 0 && dev < kMaxDevices) {
@@ -232,13 +411,24 @@ extern "C" sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *d, const v
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: %s", op, cudaGetErrorString(err));
   QArgs a;
-  a.x = x, a.valid_rows = valid_rows, a.q = (uint8_t *)q, a.qt = (uint8_t *)q_t, a.scale = scale;
-  a.rows = d->rows, a.cols = d->cols, a.x_rows = d->x_rows;
+  a.x = x, a.row_range = row_range, a.q = (uint8_t *)q, a.qt = (uint8_t *)q_t, a.scale = scale;
+  a.batch = d->batch, a.rows = d->rows, a.cols = d->cols, a.x_rows = d->x_rows;
   a.br = d->block_rows, a.bc = d->block_cols, a.pow2 = d->power_of_two != 0;
   a.dtype = d->dtype;
-  const dim3 grid((unsigned)((d->rows + kT - 1) / kT), (unsigned)((d->cols + kT - 1) / kT),
-                  (unsigned)d->batch);
-  quantize_kernel<<<grid, kThreads, kSmemBytes, (cudaStream_t)stream>>>(a);
+  cudaStream_t s = (cudaStream_t)stream;
+  if (a.br == 1 && a.qt == nullptr) {
+    const dim3 grid((unsigned)((d->rows + kRowsPerCta - 1) / kRowsPerCta),
+                    (unsigned)((d->cols + 127) / 128), (unsigned)d->batch);
+    quantize_rows_kernel<<<grid, kThreads, 0, s>>>(a);
+  } else if (a.bc == 1) {
+    const dim3 grid((unsigned)((d->rows + kT - 1) / kT), (unsigned)((d->cols + kCols - 1) / kCols),
+                    (unsigned)d->batch);
+    quantize_cols_kernel<<<grid, kThreads, 0, s>>>(a);
+  } else {
+    const dim3 grid((unsigned)((d->rows + kT - 1) / kT), (unsigned)((d->cols + kT - 1) / kT),
+                    (unsigned)d->batch);
+    quantize_kernel<<<grid, kThreads, kSmemBytes, s>>>(a);
+  }
   err = cudaGetLastError();
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: launch failed: %s", op, cudaGetErrorString(err));

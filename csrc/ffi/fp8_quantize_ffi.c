@@ -1,7 +1,8 @@
 /*
  * XLA FFI handler for FP8 block quantization on the GPU (sl_quantize_fp8_cuda, include/sluice.h).
  *
- * Operands: x [..., X_R, C] (float32, bfloat16 or float16), valid_rows int32 [...] (one per problem).
+ * Operands: x [..., X_R, C] (float32, bfloat16 or float16), row_range int32 [..., 2] (lo, hi: the
+ *           rows read from x, one range per problem).
  * Results:  q [..., R, C] and q_t [..., C, R] (float8_e4m3fn; a result whose write_* attribute is 0
  *           is not written and may have any shape, e.g. [0]), scale float32 (the block's layout).
  * Attributes (integer scalars): rows (R >= X_R; rows past X_R read as zero), block_rows,
@@ -40,8 +41,8 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *f, int on_cuda) {
   for (int i = 0; i < nb; ++i) d.batch *= x->dims[i];
   if (!sl_ffi_dtype(x->dtype, &d.dtype) || d.dtype == SL_DTYPE_I32 || d.dtype == SL_DTYPE_F8E4M3)
     return bad(f, "x must be float32, bfloat16 or float16");
-  if (vr->dtype != XLA_FFI_DataType_S32 || vr->rank != nb)
-    return bad(f, "valid_rows must be int32 with x's batch dims");
+  if (vr->dtype != XLA_FFI_DataType_S32 || vr->rank != nb + 1 || vr->dims[nb] != 2)
+    return bad(f, "row_range must be int32 [..., 2] with x's batch dims");
   int64_t want_scale = d.batch * (br == 1 ? rows : (rows + 127) / 128) *
                        (bc == 1 ? d.cols : (d.cols + 127) / 128);
   int64_t n = 1;

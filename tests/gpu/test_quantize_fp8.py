@@ -1,6 +1,6 @@
 """GPU test of sl_quantize_fp8_cuda against a numpy implementation of sluice.fp8.quantize's rule
-(python/sluice/ops/fp8.py), bit for bit: every block layout, q and its transpose, valid_rows, rows
-past x (padding), power-of-two scales, and the edge values (zero blocks, float32 subnormals,
+(python/sluice/ops/fp8.py), bit for bit: every block layout, q and its transpose, row_range (rows
+outside it read as zero), rows past x (padding), power-of-two scales, and the edge values (zero blocks, float32 subnormals,
 values beyond e4m3's range, inf and NaN).
 
   python3 tests/gpu/test_quantize_fp8.py build-gpu/libsluice_gpu.so      (tests/gpu/run.sh runs it)
@@ -42,13 +42,14 @@ def pow2_ceil(s, amax):
     return np.where((np.float32(448) * half >= amax) & (half >= SCALE_MIN), half, p)
 
 
-def reference(x, rows, br, bc, pow2, valid):
+def reference(x, rows, br, bc, pow2, ranges):
     """x float32 [B, XR, C] -> (q uint8 [B, rows, C], scale)."""
     b, xr, c = x.shape
     full = np.zeros((b, rows, c), np.float32)
     full[:, :xr] = x
-    for i in range(b):
-        full[i, valid[i] :] = 0
+    for i, (lo, hi) in enumerate(ranges):
+        full[i, :lo] = 0
+        full[i, hi:] = 0
     full = np.where(np.abs(full) < SCALE_MIN, np.float32(0), full)  # subnormals read as zero
     pr, pc = -rows % br, -c % bc
     xp = np.pad(full, ((0, 0), (0, pr), (0, pc)))
@@ -74,7 +75,7 @@ def main(lib_path):
     lib.sl_quantize_fp8_cuda.argtypes = [ctypes.POINTER(QuantDesc)] + [ctypes.c_void_p] * 6
     lib.sl_last_error.restype = ctypes.c_char_p
     rng = np.random.default_rng(7)
-    fails = 0
+    fails = runs = 0
     cases = [  # (batch, x_rows, rows, cols, block, pow2, dtype, valid fraction, specials)
         (1, 300, 300, 384, (1, 128), 0, SL_BF16, 1.0, False),
         (2, 257, 272, 200, (1, 128), 1, SL_BF16, 0.7, True),
@@ -95,42 +96,47 @@ def main(lib_path):
             x[0, 4, 9] = 3e38
         if dt == SL_BF16:
             x = x.astype(ml_dtypes.bfloat16).astype(np.float32)
-        valid = [int(frac * rows) for _ in range(b)]
-        q_ref, s_ref = reference(x, rows, br, bc, pow2, valid)
+        ranges = [(i * 3, int(frac * rows)) for i in range(b)]
+        q_ref, s_ref = reference(x, rows, br, bc, pow2, ranges)
         xt = torch.tensor(x, device="cuda")
         if dt == SL_BF16:
             xt = xt.bfloat16()
-        vr = torch.tensor(valid, device="cuda", dtype=torch.int32)
-        q = torch.full((b, rows, c), 0xAB, device="cuda", dtype=torch.uint8)
-        qt = torch.full((b, c, rows), 0xAB, device="cuda", dtype=torch.uint8)
-        sc = torch.full((s_ref.size,), float("nan"), device="cuda")
-        d = QuantDesc(ctypes.sizeof(QuantDesc), b, rows, c, xr, dt, br, bc, pow2)
-        st = lib.sl_quantize_fp8_cuda(
-            ctypes.byref(d),
-            xt.data_ptr(),
-            vr.data_ptr(),
-            q.data_ptr(),
-            qt.data_ptr(),
-            sc.data_ptr(),
-            None,
-        )
-        torch.cuda.synchronize()
-        name = f"b{b} rows {xr}->{rows} cols {c} block {br}x{bc} pow2 {pow2} dtype {dt}"
-        if st != 0:
-            print(f"FAIL {name}: {lib.sl_last_error().decode()}")
-            fails += 1
-            continue
-        qg, qtg, sg = q.cpu().numpy(), qt.cpu().numpy(), sc.cpu().numpy().reshape(s_ref.shape)
-        nan_q = (q_ref & 0x7F) == 0x7F
-        same_q = np.where(nan_q, (qg & 0x7F) == 0x7F, qg == q_ref).all()
-        same_qt = np.where(
-            nan_q, (qtg.transpose(0, 2, 1) & 0x7F) == 0x7F, qtg.transpose(0, 2, 1) == q_ref
-        ).all()
-        same_s = np.array_equal(sg, s_ref, equal_nan=True)
-        ok = same_q and same_qt and same_s
-        fails += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: q {same_q}, q_t {same_qt}, scale {same_s}")
-    print(f"{len(cases) - fails} passed, {fails} failed")
+        vr = torch.tensor(ranges, device="cuda", dtype=torch.int32)
+        # q and q_t together (the tile kernel), and each alone (1x128 q alone: the row kernel)
+        for want_q, want_qt in ((True, True), (True, False), (False, True)):
+            q = torch.full((b, rows, c), 0xAB, device="cuda", dtype=torch.uint8)
+            qt = torch.full((b, c, rows), 0xAB, device="cuda", dtype=torch.uint8)
+            sc = torch.full((s_ref.size,), float("nan"), device="cuda")
+            d = QuantDesc(ctypes.sizeof(QuantDesc), b, rows, c, xr, dt, br, bc, pow2)
+            st = lib.sl_quantize_fp8_cuda(
+                ctypes.byref(d),
+                xt.data_ptr(),
+                vr.data_ptr(),
+                q.data_ptr() if want_q else None,
+                qt.data_ptr() if want_qt else None,
+                sc.data_ptr(),
+                None,
+            )
+            torch.cuda.synchronize()
+            name = (
+                f"b{b} rows {xr}->{rows} cols {c} block {br}x{bc} pow2 {pow2} dtype {dt} "
+                f"q {int(want_q)} q_t {int(want_qt)}"
+            )
+            runs += 1
+            if st != 0:
+                print(f"FAIL {name}: {lib.sl_last_error().decode()}")
+                fails += 1
+                continue
+            qg, qtg = q.cpu().numpy(), qt.cpu().numpy().transpose(0, 2, 1)
+            sg = sc.cpu().numpy().reshape(s_ref.shape)
+            nan_q = (q_ref & 0x7F) == 0x7F
+            same_q = not want_q or np.where(nan_q, (qg & 0x7F) == 0x7F, qg == q_ref).all()
+            same_qt = not want_qt or np.where(nan_q, (qtg & 0x7F) == 0x7F, qtg == q_ref).all()
+            same_s = np.array_equal(sg, s_ref, equal_nan=True)
+            ok = same_q and same_qt and same_s
+            fails += not ok
+            print(f"{'ok  ' if ok else 'FAIL'} {name}: q {same_q}, q_t {same_qt}, scale {same_s}")
+    print(f"{runs - fails} passed, {fails} failed")
     return 1 if fails else 0
 
 

@@ -62,14 +62,19 @@ differentiable FP8 path for unquantized operands, `sluice.gmm(lhs, rhs, group_si
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._lib import register_targets
 from .checks import ShapeError
 from .gmm import gmm_reference, tgmm_reference
+from .vma import _vary_kw
+
+register_targets({"sluice_quantize_fp8": "sl_ffi_quantize_fp8"})
 
 E4M3 = jnp.dtype(jnp.float8_e4m3fn)
 E4M3_MAX = 448.0
@@ -97,6 +102,7 @@ __all__ = [
     "gmm_fp8_reference",
     "quantize",
     "quantize_act",
+    "quantize_t",
     "quantize_weight",
     "scale_shape",
     "tgmm",
@@ -147,7 +153,24 @@ def _pow2_ceil(s, amax):
     return jnp.where((E4M3_MAX * half >= amax) & (half >= SCALE_MIN), half, p)
 
 
-def quantize(x, block, *, power_of_two=False, valid_rows=None):
+def _check_x(op, x):
+    x = jnp.asarray(x)
+    if x.ndim < 2:
+        raise ShapeError(f"sluice.fp8.{op}: x must be at least 2-D, got shape {x.shape}")
+    if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+        raise TypeError(f"sluice.fp8.{op}: x must be float32, bfloat16 or float16, got {x.dtype}")
+    return x
+
+
+def _row_range(x, row_range, valid_rows):
+    """int32 [2]: the rows of x read as themselves, [lo, hi); the others read as zero."""
+    lo, hi = (0, x.shape[-2]) if row_range is None else row_range
+    if valid_rows is not None:
+        hi = jnp.minimum(jnp.asarray(hi, jnp.int32), jnp.asarray(valid_rows, jnp.int32))
+    return jnp.stack([jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32)])
+
+
+def quantize(x, block, *, power_of_two=False, valid_rows=None, row_range=None):
     """Quantizes x [..., R, C] to e4m3 in blocks of `block` = (rows, cols) over the last two dims.
 
     Args:
@@ -155,23 +178,88 @@ def quantize(x, block, *, power_of_two=False, valid_rows=None):
       block: (rows, cols), e.g. ACT (1, 128), ACT_T (128, 1), WEIGHT (128, 128).
       power_of_two: round each scale up to a power of two (exact dequantization, no saturation).
       valid_rows: optional int scalar (may live on the device): rows >= valid_rows read as zero.
+      row_range: optional (lo, hi) int scalars (may live on the device): rows outside [lo, hi)
+        read as zero (with valid_rows too: both apply).
     Returns:
       (q, scale): q float8_e4m3fn [..., R, C], scale float32 [..., ceil(R/rows), ceil(C/cols)].
-      The rules (zero, tiny, inf/NaN and partial blocks) are in the module docstring.
+      The rules (zero, tiny, inf/NaN and partial blocks) are in the module docstring. On a GPU
+      the CUDA kernel (sl_quantize_fp8_cuda) computes the same bits for the three blocks of the
+      recipe; elsewhere, and for other blocks, this jnp code does.
     """
     br, bc = _block("quantize", block)
-    x = jnp.asarray(x)
-    if x.ndim < 2:
-        raise ShapeError(f"sluice.fp8.quantize: x must be at least 2-D, got shape {x.shape}")
-    if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
-        raise TypeError(
-            f"sluice.fp8.quantize: x must be float32, bfloat16 or float16, got {x.dtype}"
+    x = _check_x("quantize", x)
+    rr = _row_range(x, row_range, valid_rows)
+    if (br, bc) not in (ACT, ACT_T, WEIGHT):
+        return _quantize_jnp(x, rr, br=br, bc=bc, power_of_two=power_of_two)
+    return jax.lax.platform_dependent(
+        x,
+        rr,
+        cuda=functools.partial(_quantize_kernel, block=(br, bc), power_of_two=power_of_two),
+        default=functools.partial(_quantize_jnp, br=br, bc=bc, power_of_two=power_of_two),
+    )
+
+
+def quantize_t(x, *, power_of_two=False, row_range=None, pad_rows_to=1):
+    """x [..., R, C] quantized in ACT_T blocks (128 x 1, along the rows) and returned transposed:
+    (q_t float8_e4m3fn [..., C, R'], scale float32 [..., ceil(R'/128), C]) with R' = R rounded up
+    to a multiple of pad_rows_to (the added rows zero), rows outside row_range read as zero. The
+    weight gradient's operand layout: on a GPU one kernel pass writes it (no transpose of q)."""
+    x = _check_x("quantize_t", x)
+    r = x.shape[-2]
+    rp = -(-r // pad_rows_to) * pad_rows_to
+    rr = _row_range(x, row_range, None)
+
+    def jnp_path(x, rr):
+        xp = jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, rp - r), (0, 0)]) if rp != r else x
+        q, s = _quantize_jnp(xp, rr, br=ACT_T[0], bc=ACT_T[1], power_of_two=power_of_two)
+        return jnp.swapaxes(q, -1, -2), s
+
+    def kernel_path(x, rr):
+        return _quantize_kernel(
+            x, rr, block=ACT_T, power_of_two=power_of_two, rows=rp, transposed=True
         )
+
+    return jax.lax.platform_dependent(x, rr, cuda=kernel_path, default=jnp_path)
+
+
+def _quantize_kernel(x, rr, *, block, power_of_two, rows=None, transposed=False):
+    """The CUDA kernel: q [..., rows, C] (or q_t [..., C, rows]) and the scale of x [..., R, C]."""
+    *lead, r, c = x.shape
+    rows = r if rows is None else rows
+    br, bc = block
+    sshape = (*lead, rows if br == 1 else -(-rows // 128), c if bc == 1 else -(-c // 128))
+    qshape = (*lead, c, rows) if transposed else (*lead, rows, c)
+    none = (0,)
+    kw = _vary_kw(x, rr)
+    call = jax.ffi.ffi_call(
+        "sluice_quantize_fp8",
+        (
+            jax.ShapeDtypeStruct(none if transposed else qshape, E4M3, **kw),
+            jax.ShapeDtypeStruct(qshape if transposed else none, E4M3, **kw),
+            jax.ShapeDtypeStruct(sshape, jnp.float32, **kw),
+        ),
+        vmap_method="broadcast_all",
+    )
+    rr = jnp.broadcast_to(rr, (*lead, 2))
+    q, qt, s = call(
+        x,
+        rr,
+        rows=np.int64(rows),
+        block_rows=np.int64(br),
+        block_cols=np.int64(bc),
+        power_of_two=np.int64(bool(power_of_two)),
+        write_q=np.int64(not transposed),
+        write_qt=np.int64(transposed),
+    )
+    return (qt if transposed else q), s
+
+
+def _quantize_jnp(x, rr, *, br, bc, power_of_two):
+    """The rule in jnp (the definition the kernel follows): rows outside rr = [lo, hi) read as zero."""
     *_, r, c = x.shape
     x = x.astype(jnp.float32)
-    if valid_rows is not None:
-        keep = jnp.arange(r) < jnp.asarray(valid_rows, jnp.int32)
-        x = jnp.where(keep[:, None], x, 0.0)
+    rows = jnp.arange(r)
+    x = jnp.where(((rows >= rr[..., 0:1]) & (rows < rr[..., 1:2]))[..., :, None], x, 0.0)
     xb = _blocked(x, br, bc)
     amax = jnp.max(jnp.abs(xb), axis=(-3, -1))  # the zero padding never wins
     # Non-finite blocks are found by their own reduction: XLA:CPU's max reduction drops NaN.

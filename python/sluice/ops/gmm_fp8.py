@@ -37,7 +37,7 @@ from . import checks
 from ._lib import register_targets
 from .capi import gmm_workspace_bytes
 from .checks import ShapeError
-from .fp8 import ACT, ACT_T, E4M3, WEIGHT, _check_pair, quantize
+from .fp8 import ACT, ACT_T, E4M3, WEIGHT, _check_pair, quantize, quantize_t
 from .gmm import _offset_array
 from .vma import _vary_kw, match_vma
 
@@ -58,15 +58,15 @@ class Recipe:
     power_of_two_scales: bool = False
 
 
-def as_recipe(fp8) -> Recipe | None:
-    """sluice.gmm's `fp8` argument: None or False (no FP8), True (the default Recipe) or a Recipe."""
+def as_recipe(fp8, op="sluice.gmm") -> Recipe | None:
+    """An `fp8` argument (of `op`): None or False (no FP8), True (the default Recipe) or a Recipe."""
     if fp8 is None or fp8 is False:
         return None
     if fp8 is True:
         return Recipe()
     if isinstance(fp8, Recipe):
         return fp8
-    raise TypeError(f"sluice.gmm: fp8 must be None, a bool or sluice.fp8.Recipe, got {fp8!r}")
+    raise TypeError(f"{op}: fp8 must be None, a bool or sluice.fp8.Recipe, got {fp8!r}")
 
 
 def _pad_last(x, *pads):
@@ -289,18 +289,15 @@ def tgmm(
 
 
 # ---- the differentiable path: sluice.gmm(lhs, rhs, group_sizes, fp8=Recipe()) -----------------
-def _local_rows_only(x, group_sizes, group_offset, g_local):
-    """x [M, C] with the rows outside the local groups' rows zeroed, so that whatever they hold
-    (an expert block's unused rows may hold anything, NaN included) never reaches a 128-row
-    block's scale of the weight gradient."""
-    ends = jnp.cumsum(group_sizes)
+def _local_range(group_sizes, group_offset, g_local):
+    """(lo, hi): the rows of the local groups. The weight gradient's quantization reads the rows
+    outside as zero, so that whatever they hold (an expert block's unused rows may hold anything,
+    NaN included) never reaches a 128-row block's scale."""
     if g_local == 0:
-        return jnp.zeros_like(x)
+        return jnp.int32(0), jnp.int32(0)
+    ends = jnp.cumsum(group_sizes)
     off = group_offset[0]
-    lo = ends[off] - group_sizes[off]
-    hi = ends[off + g_local - 1]
-    rows = jnp.arange(x.shape[-2])
-    return jnp.where(((rows >= lo) & (rows < hi))[:, None], x, jnp.zeros((), x.dtype))
+    return ends[off] - group_sizes[off], ends[off + g_local - 1]
 
 
 def _kernel_dtype(dtype):
@@ -344,17 +341,14 @@ def _bwd(transpose_rhs, out_dtype, skip, recipe, res, dy):
     # [G, K, N], and its transpose when the forward took [G, N, K].
     w_nt, ws_nt = (_swap(wq), _swap(ws)) if transpose_rhs else (wq, ws)
     dx = _gmm_nt(dyq, dys, w_nt, ws_nt, group_sizes, group_offset, _kernel_dtype(lhs.dtype), skip)
-    x_t, xs_t = quantize(
-        _local_rows_only(lhs, group_sizes, group_offset, g_local), ACT_T, power_of_two=p2
-    )
-    dy_t, dys_t = quantize(
-        _local_rows_only(dy, group_sizes, group_offset, g_local), ACT_T, power_of_two=p2
-    )
+    # x and dy by ACT_T, written transposed ([K, M'] and [N, M'], M' = M rounded up to 16 as the
+    # CUDA kernel wants) by one quantization pass each
+    rows = _local_range(group_sizes, group_offset, g_local)
+    x_t, xs_t = quantize_t(lhs, power_of_two=p2, row_range=rows, pad_rows_to=16)
+    dy_t, dys_t = quantize_t(dy, power_of_two=p2, row_range=rows, pad_rows_to=16)
     a, a_s, b, b_s = (dy_t, dys_t, x_t, xs_t) if transpose_rhs else (x_t, xs_t, dy_t, dys_t)
     # sluice.gmm gives lhs and rhs one dtype, so the weight gradient takes lhs's.
-    dw = _tgmm_tn(
-        _swap(a), a_s, _swap(b), b_s, group_sizes, group_offset, g_local, _kernel_dtype(lhs.dtype)
-    )
+    dw = _tgmm_tn(a, a_s, b, b_s, group_sizes, group_offset, g_local, _kernel_dtype(lhs.dtype))
     # As in the bf16 gmm's backward: the weight gradient runs before dx is used (see gmm.py).
     dx, dw = jax.lax.optimization_barrier((dx.astype(lhs.dtype), dw.astype(lhs.dtype)))
     return match_vma(dx, lhs), match_vma(dw, wq), None, None

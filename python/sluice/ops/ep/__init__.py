@@ -77,6 +77,8 @@ API
       dropped, and out and the gradients in x and topk_weights equal the unbounded path's bit for
       bit. experts(recv, params, max_rows) -> [N, H'] is the per-rank part (fan_out -> gmm ->
       fan_in). stats: "rounds", "peak_recv_rows", "peak_expert_rows". See bounded.py.
+  dispatch(..., fp8=True or sluice.fp8.Recipe) sends the rows as e4m3 with their 1x128 scales (about
+      half the bytes of bf16) and hands them over dequantized; the backward stays BF16.
   dispatch(..., recv_rows=N) bounds the receive buffer to N rows (a rank may receive no more).
   fan_out(recv, *, max_rows=None, zero_unused_rows=True) -> (xs [M, H], group_sizes int32 [L], fan)
       Local: each (row, slot) with a local expert becomes one row of xs, grouped by local expert (a row

@@ -163,13 +163,77 @@ def _dispatch_bwd(cfg, rows, res, cts):
 _dispatch.defvjp(_dispatch_fwd, _dispatch_bwd)
 
 
+# ---- FP8 dispatch: rows travel as e4m3 with their 1x128 scales -----------------------------------
+def _pack_fp8(x, power_of_two):
+    """x [T, H] -> the bytes of its e4m3 rows and their f32 scales (fp8.ACT blocks) side by side,
+    [T, H + 4 ceil(H/128) (+1 to make it even)] viewed as bfloat16 pairs: the exchange moves rows
+    of bytes, whatever their dtype."""
+    from ..fp8 import ACT, quantize
+
+    q, s = quantize(x, ACT, power_of_two=power_of_two)
+    t = x.shape[0]
+    raw = jnp.concatenate(
+        [
+            jax.lax.bitcast_convert_type(q, jnp.uint8),
+            jax.lax.bitcast_convert_type(s, jnp.uint8).reshape(t, -1),
+        ],
+        axis=1,
+    )
+    if raw.shape[1] % 2:
+        raw = jnp.pad(raw, ((0, 0), (0, 1)))
+    return jax.lax.bitcast_convert_type(raw.reshape(t, -1, 2), jnp.bfloat16)
+
+
+def _unpack_fp8(packed, h, dtype):
+    """The inverse of _pack_fp8 on received rows: dequantized to `dtype` (fp8.dequantize)."""
+    from ..fp8 import ACT, E4M3, dequantize
+
+    n = packed.shape[0]
+    raw = jax.lax.bitcast_convert_type(packed, jnp.uint8).reshape(n, -1)
+    hb = -(-h // 128)
+    q = jax.lax.bitcast_convert_type(raw[:, :h], E4M3)
+    s = jax.lax.bitcast_convert_type(raw[:, h : h + 4 * hb].reshape(n, hb, 4), jnp.float32)
+    return dequantize(q, s, ACT, dtype=dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _dispatch_fp8(x, idx, w, where, cfg, rows, power_of_two):
+    return _dispatch_fp8_fwd(x, idx, w, where, cfg, rows, power_of_two)[0]
+
+
+def _dispatch_fp8_fwd(x, idx, w, where, cfg, rows, power_of_two):
+    outs = _dispatch_call(_pack_fp8(x, power_of_two), idx, w, where, cfg, rows)
+    outs = (_unpack_fp8(outs[0], x.shape[1], x.dtype), *outs[1:])
+    return outs, (outs[1], outs[5], where, x[:0], w[:0])
+
+
+def _dispatch_fp8_bwd(cfg, rows, power_of_two, res, cts):
+    # the quantization passes the gradient straight through: the backward is BF16 dispatch's
+    return _dispatch_bwd(cfg, rows, res, cts)
+
+
+_dispatch_fp8.defvjp(_dispatch_fp8_fwd, _dispatch_fp8_bwd)
+
+
 def dispatch(
-    x, topk_idx, topk_weights, *, num_experts: int, axis_name, recv_rows: int | None = None
+    x,
+    topk_idx,
+    topk_weights,
+    *,
+    num_experts: int,
+    axis_name,
+    recv_rows: int | None = None,
+    fp8=None,
 ) -> Dispatched:
     """Sends each token once to every rank owning one of its experts. See sluice.ep's docstring.
     recv_rows: the rows N of the receive buffer (default T*R, the worst case); the caller makes
     sure no rank receives more (on the CPU more is an error on every rank; on a GPU the rows past
-    N are not delivered): sluice.ep.bounded_moe sends them in rounds."""
+    N are not delivered): sluice.ep.bounded_moe sends them in rounds.
+    fp8: None (rows travel in x's dtype), True or a sluice.fp8.Recipe: rows travel as e4m3 with
+    their 1x128 block scales (sluice.fp8.ACT; H + 4 ceil(H/128) bytes a row, about half of bf16's)
+    and arrive dequantized to x's dtype: recv.x = dequantize(quantize(x)) of the rows sent, the
+    values the FP8 expert matmul would have made of them. The gradient passes the quantization
+    straight through (the backward is the BF16 dispatch's combine)."""
     x, topk_idx, topk_weights = jnp.asarray(x), jnp.asarray(topk_idx), jnp.asarray(topk_weights)
     if x.ndim != 2:
         raise ValueError(f"sluice.ep.dispatch: x must be 2-D [T, H], got shape {x.shape}")
@@ -206,7 +270,15 @@ def dispatch(
             )
         recv_rows = min(int(recv_rows), worst)
     cfg = (comm.comm_id, comm.num_ranks, num_experts)
-    rx, ri, rw, nr, cn, sr, rs = _dispatch(x, topk_idx, topk_weights, _where(comm), cfg, recv_rows)
+    from ..gmm_fp8 import as_recipe
+
+    recipe = as_recipe(fp8, "sluice.ep.dispatch")
+    if recipe is None:
+        outs = _dispatch(x, topk_idx, topk_weights, _where(comm), cfg, recv_rows)
+    else:
+        p2 = recipe.power_of_two_scales
+        outs = _dispatch_fp8(x, topk_idx, topk_weights, _where(comm), cfg, recv_rows, p2)
+    rx, ri, rw, nr, cn, sr, rs = outs
     handle = Handle(sr, rs, comm.comm_id, axis_name, comm.num_ranks, num_experts)
     return Dispatched(rx, ri, rw, nr[0], cn, handle)
 
