@@ -12,7 +12,10 @@ sum 128-long pieces and add them scaled. Against float64 each element is within
 (128 + pieces + 8) * 2**-24 of the sum of its |products| (the bound the C tests use), plus 2**-8
 of the value for a bfloat16 result (round to nearest). Between two float32 computations of the
 same sums the norm-wise relative error stays below 1e-5 for these sizes (a few hundred terms of
-random signs: about sqrt(terms) * 2**-24 ~ 1e-6).
+random signs: about sqrt(terms) * 2**-24 ~ 1e-6). On a GPU the sm_90a kernels sum each 128-long
+piece on the FP8 tensor cores, whose accumulator keeps fewer bits than float32 (DeepSeek-V3 puts it
+near 14; measured ~2.5e-4 norm-wise here), hence 2e-3 there, the bound tests/gpu/test_gmm_fp8.cu
+uses too.
 """
 
 import functools
@@ -28,7 +31,9 @@ from helpers import rel_err
 from sluice import fp8
 
 RNG = np.random.default_rng()
-F32_TOL = 1e-5  # two float32 computations of the same sums (module docstring)
+# two float32 computations of the same sums; on a GPU, the FP8 tensor cores' own accumulation
+# (module docstring)
+F32_TOL = 2e-3 if jax.default_backend() == "gpu" else 1e-5
 F32 = jnp.float32
 
 # Jitted once per shape: op-by-op dispatch would compile every small op of the quantization and the
