@@ -2,7 +2,10 @@
 
 Pre-norm blocks: RMSNorm -> rotary multi-head attention -> RMSNorm -> SwiGLU FFN or
 ``sluice.nn.moe.MoE``. Parameters in fp32, compute in ``dtype`` (bf16 by default), norms, softmax and
-logits in fp32. ``Transformer(tokens [B,S]) -> (logits f32 [B,S,V], aux)`` with ``aux = {"aux_loss":
+logits in fp32. With ``fp8`` (a ``sluice.fp8.Recipe``) the attention projections, the dense and
+shared-expert FFNs (``nn.linear.dense``) and the routed experts (``MoEConfig.fp8``) multiply in FP8
+by DeepSeek-V3's recipe; the embedding, the router, the norms, attention's scores and values and the
+output head stay as they are, as in DeepSeek-V3. ``Transformer(tokens [B,S]) -> (logits f32 [B,S,V], aux)`` with ``aux = {"aux_loss":
 f32, "load": f32[L_moe,E], "dropped": f32[L_moe], "ep": f32[L_moe, 3]}`` (``MoE``'s stats).
 
 Presets (``PRESETS``) hold the model and its default training sizes:
@@ -18,12 +21,15 @@ Presets (``PRESETS``) hold the model and its default training sizes:
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ..ops.fp8 import Recipe
+from .linear import as_recipe, dense
 from .moe import MoE, MoEConfig, SwiGLU
 
 VOCAB_SIZE = 320  # 256 bytes + specials (sluice.training.data), rounded up to a multiple of 64
@@ -57,6 +63,16 @@ class ModelConfig:
     # fan-in) but not the dispatch and combine (communication, an effect jax.checkpoint cannot
     # replay)
     remat: bool = False
+    # None (default): every matmul in ``dtype``. A sluice.fp8.Recipe (True: the default Recipe()):
+    # the linear layers of the blocks (attention's q/k/v and output projections, the dense FFNs,
+    # the shared and routed experts) in FP8 (e4m3 with 1x128 activation and 128x128 weight blocks,
+    # f32 scales, forward and both gradients; sluice.gmm's fp8). The routed experts need the MoE's
+    # sluice path: this sets every MoE layer's MoEConfig.fp8. The parameters and the optimizer are
+    # unchanged.
+    fp8: Recipe | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "fp8", as_recipe(self.fp8, "ModelConfig"))
 
     def active_params(self) -> int:
         """Parameters touched per token, embedding lookup excluded (the output head counted)."""
@@ -170,7 +186,7 @@ def attention_impl(cfg: ModelConfig) -> str | None:
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, mesh=None):
         d, h, hd = cfg.d_model, cfg.n_heads, cfg.head_dim
         out_std = cfg.init_std / (2 * cfg.n_layers) ** 0.5
         self.wqkv = nnx.Param(
@@ -179,22 +195,25 @@ class Attention(nnx.Module):
         self.wo = nnx.Param(jax.random.normal(rngs.params(), (h, hd, d), jnp.float32) * out_std)
         self.dtype = cfg.dtype
         self.impl = attention_impl(cfg)
+        self.fp8 = cfg.fp8
+        self.mesh = mesh
 
     def __call__(self, x, cos, sin):
+        mm = partial(dense, fp8=self.fp8, mesh=self.mesh)
         # [B, S, 3, H, hd]: the GEMM's own output order (a t-major "tbshk" output cost a transpose
         # each way, ~2.8 ms of a 82 ms dsv3-proxy step on one H200)
-        qkv = jnp.einsum("bsd,dthk->bsthk", x, self.wqkv[...].astype(self.dtype))
+        qkv = mm(x, self.wqkv[...].astype(self.dtype))
         q, k = apply_rope(qkv[:, :, 0], cos, sin), apply_rope(qkv[:, :, 1], cos, sin)
         v = qkv[:, :, 2]
         o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.impl)
-        return jnp.einsum("bshk,hkd->bsd", o, self.wo[...].astype(self.dtype))
+        return mm(o, self.wo[...].astype(self.dtype), 2)
 
 
 class Block(nnx.Module):
     def __init__(self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs, mesh=None):
         out_std = cfg.init_std / (2 * cfg.n_layers) ** 0.5
         self.attn_norm = RMSNorm(cfg.d_model)
-        self.attn = Attention(cfg, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs, mesh=mesh)
         self.ffn_norm = RMSNorm(cfg.d_model)
         self.is_moe = layer >= cfg.n_dense_layers
         if self.is_moe:
@@ -204,6 +223,7 @@ class Block(nnx.Module):
                 init_std=cfg.init_std,
                 out_init_std=out_std,
                 remat=cfg.remat,
+                fp8=cfg.fp8,
             )
             self.ffn = MoE(moe_cfg, rngs=rngs, mesh=mesh)
         else:
@@ -214,6 +234,8 @@ class Block(nnx.Module):
                 dtype=cfg.dtype,
                 init_std=cfg.init_std,
                 out_init_std=out_std,
+                fp8=cfg.fp8,
+                mesh=mesh,
             )
 
     def replays(self) -> bool:

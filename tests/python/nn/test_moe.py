@@ -17,7 +17,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from sluice import ep
 from sluice.nn import moe
-from sluice.nn.moe import MoE, MoEConfig, capacity, route
+from sluice.nn.experts import capacity
+from sluice.nn.moe import MoE, MoEConfig, route
 
 SOFTMAX = MoEConfig(
     d_model=32,
