@@ -10,11 +10,12 @@
 #   PRESET    tgs: small, convergence: tiny
 #   STEPS     tgs: 30, convergence: 400
 #   IMPLS     tgs: the paths (default 'dense-cf1.25 dense-cf2.0 ragged_dot sluice'); a path's name
-#             ending in -remat adds --remat (sluice-remat: the sluice path, blocks recomputed)
+#             ending in -remat adds --remat (sluice-remat: the sluice path, blocks recomputed), one
+#             ending in -fp8 adds --fp8 (sluice-fp8: the sluice path, linear layers in FP8)
 #   DROPLESS  convergence: the dropless path, sluice (default) or ragged_dot
 #   SEEDS     convergence: the seeds (default '0 1')
-#   NAMES     convergence: the paths (default 'dropless cf1.25 cf2.0'): dropless, nodrop, or cfX for
-#             the dense path at capacity factor X
+#   NAMES     convergence: the paths (default 'dropless cf1.25 cf2.0'): dropless, fp8 (dropless
+#             with --fp8), nodrop, or cfX for the dense path at capacity factor X
 #   SIDE_BY_SIDE  convergence: 1 runs the runs (seed by seed, each seed's paths in turn) on $GPUS
 #             GPUs at once, run j on GPU j mod GPUS (CUDA_VISIBLE_DEVICES), each GPU's in turn; GPUS
 #             defaults to the number of paths: path i on GPU i (default 0: one run at a time)
@@ -70,6 +71,7 @@ tgs)
     case $name in
       dense-cf*) run "$name" "${flags[@]}" --moe-impl dense --capacity-factor "${name#dense-cf}" ;;
       *-remat) run "$name" "${flags[@]}" --moe-impl "${name%-remat}" --remat ;;
+      *-fp8) run "$name" "${flags[@]}" --moe-impl "${name%-fp8}" --fp8 ;;
       *) run "$name" "${flags[@]}" --moe-impl "$name" ;;
     esac
     cp "$out/$name/profile/summary.txt" "$out/profile-$name.txt" 2>/dev/null || true
@@ -93,6 +95,7 @@ convergence)
     finished "$1-s$2" "$steps" && return 0
     case $1 in
       dropless) impl=(--moe-impl "${DROPLESS:-sluice}") ;;
+      fp8) impl=(--moe-impl sluice --fp8) ;;
       nodrop) impl=(--moe-impl dense --capacity-factor 1000) ;;
       *) impl=(--moe-impl dense --capacity-factor "${1#cf}") ;;
     esac

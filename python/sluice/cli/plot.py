@@ -58,6 +58,10 @@ def expert_path(args: dict) -> str:
         return f"dense cf{args.get('capacity_factor', 1.25):g}"
     if impl == "sluice" and args.get("no_sluice_gmm"):
         return "sluice (ragged_dot matmuls)"
+    if args.get("fp8"):
+        return f"{impl} FP8" + (
+            " (power-of-two scales)" if args.get("fp8_power_of_two_scales") else ""
+        )
     return impl
 
 

@@ -90,6 +90,9 @@ def identity(a, cfg, hp, data) -> dict:
         "--bias-update-rate": cfg.moe.bias_update_rate,
         "--aux-loss-coef": cfg.moe.aux_loss_coef,
         "--shared-experts": cfg.moe.num_shared_experts,
+        # None when off, so that a run from before these flags resumes as a bf16 run
+        "--fp8": True if cfg.fp8 else None,
+        "--fp8-power-of-two-scales": True if cfg.fp8 and cfg.fp8.power_of_two_scales else None,
         "--data": data.fingerprint(),
     }
 

@@ -7,8 +7,10 @@ import dataclasses
 
 from ..nn.model import PRESETS, ModelConfig
 from ..nn.moe import IMPLS
+from ..ops.fp8 import Recipe
 from .usage import (
     Parser,
+    UsageError,
     int_range,
     nonneg_float,
     nonneg_int,
@@ -63,6 +65,20 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--no-sluice-gmm", action="store_true", help="sluice path with jax.lax.ragged_dot matmuls"
+    )
+    p.add_argument(
+        "--fp8",
+        action="store_true",
+        help="sluice path: the blocks' linear layers (routed and shared experts, dense FFNs, "
+        "attention's projections) multiply in FP8 by DeepSeek-V3's recipe on sluice's FP8 GEMM: "
+        "e4m3 with activations and gradients in 1x128 blocks, weights in 128x128 blocks, f32 "
+        "scales, for the forward and both gradients. The embedding, router, norms, attention's "
+        "scores and the output head, the weights and the optimizer state stay as they are",
+    )
+    p.add_argument(
+        "--fp8-power-of-two-scales",
+        action="store_true",
+        help="with --fp8: round every scale up to a power of two (exact scaling, no saturation)",
     )
     p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--steps", type=positive_int, help="total steps (default: the preset's)")
@@ -186,11 +202,32 @@ def parse_args(argv=None):
 
 def run_name(a) -> str:
     impl = a.moe_impl + (f"-cf{a.capacity_factor:g}" if a.moe_impl == "dense" else "")
-    return f"{a.preset}-{impl}-s{a.seed}"
+    return f"{a.preset}-{impl}{'-fp8' if a.fp8 else ''}-s{a.seed}"
+
+
+def fp8_recipe(a) -> Recipe | None:
+    """--fp8's Recipe, or None; UsageError for a combination that cannot run in FP8."""
+    if not a.fp8:
+        if a.fp8_power_of_two_scales:
+            raise UsageError("--fp8-power-of-two-scales: scales of --fp8; add --fp8")
+        return None
+    if a.moe_impl != "sluice":
+        raise UsageError(
+            f"--fp8: the experts' FP8 matmuls are sluice.gmm's; expected --moe-impl sluice, got "
+            f"--moe-impl {a.moe_impl}"
+        )
+    if a.no_sluice_gmm:
+        raise UsageError(
+            "--fp8: the experts' FP8 matmuls are sluice.gmm's; leave out --no-sluice-gmm"
+        )
+    return Recipe(power_of_two_scales=a.fp8_power_of_two_scales)
 
 
 def build_config(a) -> tuple[ModelConfig, dict]:
+    """The model config and hyperparameters the flags select; UsageError for flags that do not
+    go together."""
     preset = PRESETS[a.preset]
+    fp8 = fp8_recipe(a)
     cfg: ModelConfig = preset["model"]
     moe = dataclasses.replace(
         cfg.moe,
@@ -201,11 +238,12 @@ def build_config(a) -> tuple[ModelConfig, dict]:
         fsdp=a.fsdp,
         ep_rows_factor=None if a.ep_worst_case else a.ep_rows_factor,
         ep_num_sms=a.ep_sms,
+        fp8=fp8,
     )
     for k in ("bias_update_rate", "aux_loss_coef", "num_shared_experts"):
         if getattr(a, k) is not None:
             moe = dataclasses.replace(moe, **{k: getattr(a, k)})
-    cfg = dataclasses.replace(cfg, moe=moe, attention=a.attention, remat=a.remat)
+    cfg = dataclasses.replace(cfg, moe=moe, attention=a.attention, remat=a.remat, fp8=fp8)
     if a.n_layers:
         cfg = dataclasses.replace(
             cfg, n_layers=a.n_layers, n_dense_layers=min(cfg.n_dense_layers, a.n_layers - 1)

@@ -67,6 +67,12 @@ TRAIN = [
         "--eval-every 100: the 1000 validation tokens hold no batch of --batch-size 64 x --seq-len",
     ),
     (["--steps", "6", "--profile", "2", "--profile-from", "7"], "--profile 2 from step 7: the run"),
+    (
+        ["--fp8", "--moe-impl", "dense"],
+        "expected --moe-impl sluice, got --moe-impl dense",
+    ),
+    (["--fp8", "--no-sluice-gmm"], "--fp8: the experts' FP8 matmuls are sluice.gmm's; leave out"),
+    (["--fp8-power-of-two-scales"], "--fp8-power-of-two-scales: scales of --fp8; add --fp8"),
 ]
 
 

@@ -242,3 +242,30 @@ def test_router_and_shared_expert_flags_override_the_preset():
     assert cfg.active_params() == PRESETS["small"]["model"].active_params() - 3 * 512 * 256 * 7
     tiny, _ = train.build_config(train.parse_args(["--preset", "tiny"]))
     assert tiny.moe.aux_loss_coef == PRESETS["tiny"]["model"].moe.aux_loss_coef > 0
+
+
+def test_fp8_trains_over_expert_parallelism_and_resumes_only_in_fp8(tmp_path, capsys):
+    """--fp8 with the experts split over 2 CPU devices (sluice.ep): three steps log finite losses;
+    config.json records it, and --resume refuses to drop it."""
+    import json
+
+    from sluice.cli import train
+
+    if len(jax.devices()) < 2:
+        pytest.skip("needs 2 devices")
+    out = str(tmp_path / "run")
+    argv = ["--preset", "tiny", "--steps", "3", "--warmup", "1", "--batch-size", "4",
+            "--seq-len", "32", "--n-layers", "2", "--devices", "2", "--ep", "2",
+            "--data", random_corpus(tmp_path / "c.npz", 2_000), "--no-progress",
+            "--eval-every", "0", "--log-every", "1", "--out", out]  # fmt: skip
+    train.main(argv + ["--fp8"])
+    losses = [r["loss"] for r in records(out, "compile") + records(out, "train")]
+    assert len(losses) == 3 and np.isfinite(losses).all()
+    with open(os.path.join(out, "config.json")) as f:
+        config = json.load(f)
+    assert config["run"]["--fp8"] is True and config["model"]["fp8"] is not None
+    assert "sluice.gmm in FP8" in config["moe_path"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        train.main(argv + ["--resume"])
+    assert "--resume: --fp8 is None here but True in the run" in capsys.readouterr().err
