@@ -459,7 +459,10 @@ def merge(args):
         ("sluice_fp8_tgmm", "sluice_bf16_tgmm", "FP8 tgmm / BF16 tgmm"),
     ]:
         med, lo = median_ratio(rows, a, b)
-        out.append(f"- {what}: median {med:.2f}x, min {lo:.2f}x")
+        if not np.isnan(med):  # (NaN: the peer failed on every shape)
+            out.append(f"- {what}: median {med:.2f}x, min {lo:.2f}x")
+        else:
+            out.append(f"- {what}: no figure (the peer failed, below)")
     errs = [(r["gmm_rel_err"], r["tgmm_rel_err"]) for r in rows]
     out.append(
         f"- largest relative error against BF16 grouped_mm of the dequantized operands: gmm "
@@ -468,7 +471,10 @@ def merge(args):
     failed = {n for r in rows for n in r.get("errors", {})}
     if failed:
         first = {n: next(r["errors"][n] for r in rows if n in r.get("errors", {})) for n in failed}
-        out.append("- peers that failed: " + "; ".join(f"{n}: {e[:120]}" for n, e in first.items()))
+        out.append(
+            "- peers that failed: "
+            + "; ".join(f"{n}: {' '.join(e.split())[:160]}" for n, e in first.items())
+        )
     out += [
         "",
         "## Quantization (bf16 -> e4m3 + f32 scales)",
