@@ -172,9 +172,7 @@ sl_status sl_gmm_local_rows(const char *op, const sl_gmm_desc *d, const int32_t 
   return SL_STATUS_SUCCESS;
 }
 
-typedef struct {
-  int64_t b, g, r0, c0; /* batch, local group, first tile row, first tile column */
-} task;
+typedef sl_gmm_task task;
 
 typedef struct {
   const sl_gmm_desc *d;
@@ -224,6 +222,55 @@ static void run_task(const problem *P, const task *t, float *A, float *B, float 
   }
 }
 
+sl_status sl_gmm_plan(const char *op, const sl_gmm_desc *d, int is_tgmm, const int32_t *group_sizes,
+                      const int32_t *group_offset, void *out, int64_t mb, int64_t nb,
+                      int64_t **starts_out, sl_gmm_task **tasks_out, int64_t *ntasks_out) {
+  const int64_t B = d->batch, M = d->m, K = d->k, N = d->n, G = d->num_groups,
+                GL = d->num_local_groups;
+  int64_t *starts = malloc(sizeof(int64_t) * (size_t)(B * (GL + 1)));
+  if (!starts) return sl_set_error(SL_STATUS_OUT_OF_MEMORY, "%s: out of host memory", op);
+  for (int64_t b = 0; b < B; ++b) {
+    sl_status st = sl_gmm_local_rows(op, d, group_sizes + b * G,
+                                     group_offset ? group_offset + b : NULL, b,
+                                     starts + b * (GL + 1));
+    if (st != SL_STATUS_SUCCESS) {
+      free(starts);
+      return st;
+    }
+  }
+  /* Enumerate the tiles; zero what no tile writes (gmm: rows outside the local groups). */
+  const size_t out_es = sl_dtype_size(d->out_dtype);
+  const int64_t col_tiles = (N + nb - 1) / nb;
+  int64_t ntasks = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t *s = starts + b * (GL + 1);
+    if (!is_tgmm) {
+      char *o = (char *)out + (size_t)(b * M * N) * out_es;
+      memset(o, 0, (size_t)(s[0] * N) * out_es);
+      memset(o + (size_t)(s[GL] * N) * out_es, 0, (size_t)((M - s[GL]) * N) * out_es);
+      for (int64_t g = 0; g < GL; ++g) ntasks += (s[g + 1] - s[g] + mb - 1) / mb * col_tiles;
+    } else {
+      ntasks += GL * ((K + mb - 1) / mb) * col_tiles;
+    }
+  }
+  sl_gmm_task *tasks = malloc(sizeof(sl_gmm_task) * (size_t)(ntasks > 0 ? ntasks : 1));
+  if (!tasks) {
+    free(starts);
+    return sl_set_error(SL_STATUS_OUT_OF_MEMORY, "%s: out of host memory", op);
+  }
+  int64_t n = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t *s = starts + b * (GL + 1);
+    for (int64_t g = 0; g < GL; ++g) {
+      const int64_t r_begin = is_tgmm ? 0 : s[g], r_end = is_tgmm ? K : s[g + 1];
+      for (int64_t r = r_begin; r < r_end; r += mb)
+        for (int64_t c = 0; c < N; c += nb) tasks[n++] = (sl_gmm_task){b, g, r, c};
+    }
+  }
+  *starts_out = starts, *tasks_out = tasks, *ntasks_out = ntasks;
+  return SL_STATUS_SUCCESS;
+}
+
 static sl_status run(int is_tgmm, const sl_gmm_desc *d, const void *lhs, const void *rhs,
                      const int32_t *group_sizes, const int32_t *group_offset, void *out,
                      int num_threads) {
@@ -240,46 +287,10 @@ static sl_status run(int is_tgmm, const sl_gmm_desc *d, const void *lhs, const v
       ((is_tgmm ? B * M * N : B * GL * K * N) > 0 && rhs == NULL))
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "%s: lhs, rhs or group_sizes is NULL", op);
 
-  int64_t *starts = malloc(sizeof(int64_t) * (size_t)(B * (GL + 1)));
-  if (!starts) return sl_set_error(SL_STATUS_OUT_OF_MEMORY, "%s: out of host memory", op);
-  for (int64_t b = 0; b < B; ++b) {
-    st = sl_gmm_local_rows(op, d, group_sizes + b * G, group_offset ? group_offset + b : NULL, b,
-                    starts + b * (GL + 1));
-    if (st != SL_STATUS_SUCCESS) {
-      free(starts);
-      return st;
-    }
-  }
-
-  /* Enumerate the tiles; zero what no tile writes (gmm: rows outside the local groups). */
-  const size_t out_es = sl_dtype_size(d->out_dtype);
-  const int64_t col_tiles = (N + NB - 1) / NB;
-  int64_t ntasks = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t *s = starts + b * (GL + 1);
-    if (!is_tgmm) {
-      char *o = (char *)out + (size_t)(b * M * N) * out_es;
-      memset(o, 0, (size_t)(s[0] * N) * out_es);
-      memset(o + (size_t)(s[GL] * N) * out_es, 0, (size_t)((M - s[GL]) * N) * out_es);
-      for (int64_t g = 0; g < GL; ++g) ntasks += (s[g + 1] - s[g] + MB - 1) / MB * col_tiles;
-    } else {
-      ntasks += GL * ((K + MB - 1) / MB) * col_tiles;
-    }
-  }
-  task *tasks = malloc(sizeof(task) * (size_t)(ntasks > 0 ? ntasks : 1));
-  if (!tasks) {
-    free(starts);
-    return sl_set_error(SL_STATUS_OUT_OF_MEMORY, "%s: out of host memory", op);
-  }
-  int64_t n = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t *s = starts + b * (GL + 1);
-    for (int64_t g = 0; g < GL; ++g) {
-      const int64_t r_begin = is_tgmm ? 0 : s[g], r_end = is_tgmm ? K : s[g + 1];
-      for (int64_t r = r_begin; r < r_end; r += MB)
-        for (int64_t c = 0; c < N; c += NB) tasks[n++] = (task){b, g, r, c};
-    }
-  }
+  int64_t *starts, ntasks;
+  task *tasks;
+  st = sl_gmm_plan(op, d, is_tgmm, group_sizes, group_offset, out, MB, NB, &starts, &tasks, &ntasks);
+  if (st != SL_STATUS_SUCCESS) return st;
 
   problem P = {d, is_tgmm, (const char *)lhs, (const char *)rhs, (char *)out, starts};
   int failed = 0;

@@ -83,9 +83,7 @@ typedef struct {
   const float *lut;      /* e4m3 byte -> f32 */
 } problem;
 
-typedef struct {
-  int64_t b, g, r0, c0; /* batch, local group, first tile row, first tile column */
-} task;
+typedef sl_gmm_task task;
 
 /* C[i][c] += (sum_p A[i][p] B[p][c]) * (srow[i] * scol[c]) for i < mb, c < NB: one piece (kb <= PK
  * long) of the contraction, summed in f32 and scaled once. A has row stride PK, B row stride NB
@@ -226,45 +224,10 @@ static sl_status run(int is_tgmm, const sl_gmm_desc *d, const void *lhs, const f
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "%s: lhs, lhs_scale, rhs, rhs_scale or group_sizes is NULL", op);
 
-  int64_t *starts = malloc(sizeof(int64_t) * (size_t)(B * (GL + 1)));
-  if (!starts) return sl_set_error(SL_STATUS_OUT_OF_MEMORY, "%s: out of host memory", op);
-  for (int64_t b = 0; b < B; ++b) {
-    st = sl_gmm_local_rows(op, d, group_sizes + b * G, group_offset ? group_offset + b : NULL, b,
-                           starts + b * (GL + 1));
-    if (st != SL_STATUS_SUCCESS) {
-      free(starts);
-      return st;
-    }
-  }
-
-  /* Enumerate the tiles; zero what no tile writes (gmm: rows outside the local groups). */
-  const size_t out_es = sl_dtype_size(d->out_dtype);
-  int64_t ntasks = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t *s = starts + b * (GL + 1);
-    if (!is_tgmm) {
-      char *o = (char *)out + (size_t)(b * M * N) * out_es;
-      memset(o, 0, (size_t)(s[0] * N) * out_es);
-      memset(o + (size_t)(s[GL] * N) * out_es, 0, (size_t)((M - s[GL]) * N) * out_es);
-      for (int64_t g = 0; g < GL; ++g) ntasks += (s[g + 1] - s[g] + MB - 1) / MB * nn;
-    } else {
-      ntasks += GL * ((K + MB - 1) / MB) * nn;
-    }
-  }
-  task *tasks = malloc(sizeof(task) * (size_t)(ntasks > 0 ? ntasks : 1));
-  if (!tasks) {
-    free(starts);
-    return sl_set_error(SL_STATUS_OUT_OF_MEMORY, "%s: out of host memory", op);
-  }
-  int64_t n = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t *s = starts + b * (GL + 1);
-    for (int64_t g = 0; g < GL; ++g) {
-      const int64_t r_begin = is_tgmm ? 0 : s[g], r_end = is_tgmm ? K : s[g + 1];
-      for (int64_t r = r_begin; r < r_end; r += MB)
-        for (int64_t c = 0; c < N; c += NB) tasks[n++] = (task){b, g, r, c};
-    }
-  }
+  int64_t *starts, ntasks;
+  task *tasks;
+  st = sl_gmm_plan(op, d, is_tgmm, group_sizes, group_offset, out, MB, NB, &starts, &tasks, &ntasks);
+  if (st != SL_STATUS_SUCCESS) return st;
 
   float lut[256];
   for (int v = 0; v < 256; ++v) lut[v] = e4m3_to_f32((uint8_t)v);

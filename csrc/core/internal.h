@@ -37,6 +37,19 @@ sl_status sl_gmm_shape_check(const sl_gmm_desc *desc, const char *op);
 sl_status sl_gmm_local_rows(const char *op, const sl_gmm_desc *desc, const int32_t *group_sizes,
                             const int32_t *group_offset, int64_t b, int64_t *starts);
 
+/* The CPU grouped GEMMs' plan (gmm_cpu.c, gmm_fp8_cpu.c): the local groups' row ranges
+ * (sl_gmm_local_rows, which rejects bad values) into *starts [batch][G_local + 1]; gmm's rows of
+ * out outside the local groups zeroed; and the tiles, per problem and local group blocks of mb rows
+ * (gmm: the group's rows; tgmm: out[g]'s K rows) by nb columns, into *tasks (*ntasks of them).
+ * Both arrays are malloc'ed; the caller frees them. */
+typedef struct {
+  int64_t b, g, r0, c0; /* batch, local group, first tile row, first tile column */
+} sl_gmm_task;
+sl_status sl_gmm_plan(const char *op, const sl_gmm_desc *desc, int is_tgmm,
+                      const int32_t *group_sizes, const int32_t *group_offset, void *out,
+                      int64_t mb, int64_t nb, int64_t **starts, sl_gmm_task **tasks,
+                      int64_t *ntasks);
+
 /* Checks an FP8 grouped GEMM descriptor (gmm_fp8 / tgmm_fp8, sluice.h): what sl_gmm_desc_check
  * checks, plus lhs and rhs SL_DTYPE_F8E4M3, out BF16 or F32, and transpose_rhs = 1 for gmm_fp8.
  * `op` names the call in the message. CPU and CUDA entry points both call it. */
