@@ -42,6 +42,17 @@ __device__ __forceinline__ float load_one(const void *x, sl_dtype t, size_t i) {
   return reinterpret_cast<const float *>(x)[i];
 }
 
+/* Two 16-bit values (bf16 or f16, by t) packed in w, as float32. */
+__device__ __forceinline__ void unpack2(uint32_t w, sl_dtype t, float &lo, float &hi) {
+  if (t == SL_DTYPE_BF16) {
+    const __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162 *>(&w);
+    lo = __low2float(h), hi = __high2float(h);
+  } else {
+    const __half2 h = *reinterpret_cast<const __half2 *>(&w);
+    lo = __low2float(h), hi = __high2float(h);
+  }
+}
+
 /* fp8.py's _pow2_ceil: the smallest power of two p >= 2^-126 with 448 p >= amax, from s. */
 __device__ __forceinline__ float pow2_ceil(float s, float amax) {
   int e;
@@ -122,15 +133,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
       const uint4 u = __ldg(reinterpret_cast<const uint4 *>(xb + ((size_t)r * C + c) * 2));
       const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        if (a.dtype == SL_DTYPE_BF16) {
-          __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162 *>(&w[k]);
-          v[2 * k] = __low2float(h), v[2 * k + 1] = __high2float(h);
-        } else {
-          __half2 h = *reinterpret_cast<const __half2 *>(&w[k]);
-          v[2 * k] = __low2float(h), v[2 * k + 1] = __high2float(h);
-        }
-      }
+      for (int k = 0; k < 4; ++k) unpack2(w[k], a.dtype, v[2 * k], v[2 * k + 1]);
     } else {
 #pragma unroll
       for (int k = 0; k < 8; ++k)
@@ -235,17 +238,8 @@ __device__ __forceinline__ void load4(const QArgs &a, const char *xb, long long 
       v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
     } else {
       const uint2 u = __ldg(reinterpret_cast<const uint2 *>(xb + ((size_t)r * C + c) * 2));
-      const uint32_t w[2] = {u.x, u.y};
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        if (a.dtype == SL_DTYPE_BF16) {
-          __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162 *>(&w[k]);
-          v[2 * k] = __low2float(h), v[2 * k + 1] = __high2float(h);
-        } else {
-          __half2 h = *reinterpret_cast<const __half2 *>(&w[k]);
-          v[2 * k] = __low2float(h), v[2 * k + 1] = __high2float(h);
-        }
-      }
+      unpack2(u.x, a.dtype, v[0], v[1]);
+      unpack2(u.y, a.dtype, v[2], v[3]);
     }
   } else {
 #pragma unroll
