@@ -153,7 +153,9 @@ def bench_shape(lib, shape, args):
         "sa_row": sx_row[:, None].contiguous(),
         "sb_row": sw_row[0][None, :].contiguous(),
         "sa_blk": sx.t().contiguous().t(),  # [M, K/128], outer-dim-major
-        "sb_blk": sbt.t().contiguous(),  # [K/128, N/128]
+        # cuBLAS's layouts for 1x128 x 128x128: A's scale [M, K/128] column-major, B's [L4, N/128]
+        # column-major with L4 = K/128 rounded up to 4
+        "sb_blk": torch.nn.functional.pad(sbt, (0, -sbt.shape[1] % 4)).t(),
     }
     desc8 = GmmDesc(
         ctypes.sizeof(GmmDesc),
