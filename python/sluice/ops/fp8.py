@@ -380,6 +380,21 @@ def gmm_fp8_reference(
     )
 
 
+def _tgmm_operands(op, lhs_q, lhs_scale, rhs_q, rhs_scale):
+    """The weight gradient's FP8 operands as arrays, checked: lhs [M, K] and rhs [M, N] e4m3 with
+    their ACT_T scales (sluice.fp8.`op` in the messages)."""
+    lhs_q, lhs_scale = jnp.asarray(lhs_q), jnp.asarray(lhs_scale)
+    rhs_q, rhs_scale = jnp.asarray(rhs_q), jnp.asarray(rhs_scale)
+    if lhs_q.ndim != 2 or rhs_q.ndim != 2 or rhs_q.shape[0] != lhs_q.shape[0]:
+        raise ShapeError(
+            f"sluice.fp8.{op}: lhs_q [M, K] and rhs_q [M, N] must be 2-D with the same rows, got "
+            f"{lhs_q.shape} and {rhs_q.shape}"
+        )
+    _check_pair(op, "lhs", lhs_q, lhs_scale, ACT_T)
+    _check_pair(op, "rhs", rhs_q, rhs_scale, ACT_T)
+    return lhs_q, lhs_scale, rhs_q, rhs_scale
+
+
 def tgmm_fp8_reference(
     lhs_q,
     lhs_scale,
@@ -402,15 +417,9 @@ def tgmm_fp8_reference(
     Returns:
       [num_local_groups, K, N]; an empty group gives zeros.
     """
-    lhs_q, lhs_scale = jnp.asarray(lhs_q), jnp.asarray(lhs_scale)
-    rhs_q, rhs_scale = jnp.asarray(rhs_q), jnp.asarray(rhs_scale)
-    if lhs_q.ndim != 2 or rhs_q.ndim != 2 or rhs_q.shape[0] != lhs_q.shape[0]:
-        raise ShapeError(
-            f"sluice.fp8.tgmm_fp8_reference: lhs [M, K] and rhs [M, N] must be 2-D with the same "
-            f"rows, got {lhs_q.shape} and {rhs_q.shape}"
-        )
-    _check_pair("tgmm_fp8_reference", "lhs", lhs_q, lhs_scale, ACT_T)
-    _check_pair("tgmm_fp8_reference", "rhs", rhs_q, rhs_scale, ACT_T)
+    lhs_q, lhs_scale, rhs_q, rhs_scale = _tgmm_operands(
+        "tgmm_fp8_reference", lhs_q, lhs_scale, rhs_q, rhs_scale
+    )
     return tgmm_reference(
         dequantize(lhs_q, lhs_scale, ACT_T),
         dequantize(rhs_q, rhs_scale, ACT_T),

@@ -37,7 +37,7 @@ from . import checks
 from ._lib import register_targets
 from .capi import gmm_workspace_bytes
 from .checks import ShapeError
-from .fp8 import ACT, ACT_T, E4M3, WEIGHT, _check_pair, quantize, quantize_t
+from .fp8 import ACT, E4M3, WEIGHT, _check_pair, _tgmm_operands, quantize, quantize_t
 from .gmm import _offset_array
 from .vma import _vary_kw, match_vma
 
@@ -267,15 +267,7 @@ def tgmm(
     Returns:
       [num_local_groups, K, N]; an empty group gives zeros.
     """
-    lhs_q, lhs_scale = jnp.asarray(lhs_q), jnp.asarray(lhs_scale)
-    rhs_q, rhs_scale = jnp.asarray(rhs_q), jnp.asarray(rhs_scale)
-    if lhs_q.ndim != 2 or rhs_q.ndim != 2 or rhs_q.shape[0] != lhs_q.shape[0]:
-        raise ShapeError(
-            f"sluice.fp8.tgmm: lhs_q [M, K] and rhs_q [M, N] must be 2-D with the same rows, got "
-            f"{lhs_q.shape} and {rhs_q.shape}"
-        )
-    _check_pair("tgmm", "lhs", lhs_q, lhs_scale, ACT_T)
-    _check_pair("tgmm", "rhs", rhs_q, rhs_scale, ACT_T)
+    lhs_q, lhs_scale, rhs_q, rhs_scale = _tgmm_operands("tgmm", lhs_q, lhs_scale, rhs_q, rhs_scale)
     gs = _group_args("tgmm", group_sizes, lhs_q.shape[0], group_offset)
     g = gs.shape[0]
     g_local = g if num_local_groups is None else int(num_local_groups)
