@@ -68,15 +68,16 @@ API
       y [N, H'] (one row per received row, any float dtype). Each row goes back to its source token;
       a token's rows are summed over ranks in fixed rank order in float32 and rounded once to y.dtype:
       bitwise deterministic. Tokens sent nowhere get zeros. Backward: a dispatch reusing the handle.
-  bounded_moe(x, topk_idx, topk_weights, experts, params, *, num_experts, axis_name, rows)
-      -> (out [T, H'], stats)
+  bounded_moe(x, topk_idx, topk_weights, experts, params, *, num_experts, axis_name, rows,
+              fp8=None) -> (out [T, H'], stats)
       The MoE sum dispatch -> experts -> combine with every rank's receive buffer and expert block
       bounded to `rows` (row, slot) pairs a round (bounded_rows(T, k, F): F times the balanced
       mean T*k). A routing that sends a rank more runs further rounds in the same program (a
       lax.while_loop, the count computed on the device, the same on every rank): nothing is
       dropped, and out and the gradients in x and topk_weights equal the unbounded path's bit for
       bit. experts(recv, params, max_rows) -> [N, H'] is the per-rank part (fan_out -> gmm ->
-      fan_in). stats: "rounds", "peak_recv_rows", "peak_expert_rows". See bounded.py.
+      fan_in). stats: "rounds", "peak_recv_rows", "peak_expert_rows". fp8: as dispatch's, every
+      round's rows in FP8 (the values those of dispatch with the same fp8). See bounded.py.
   dispatch(..., fp8=True or sluice.fp8.Recipe) sends the rows as e4m3 with their 1x128 scales (about
       half the bytes of bf16) and hands them over dequantized; the backward stays BF16.
   dispatch(..., recv_rows=N) bounds the receive buffer to N rows (a rank may receive no more).

@@ -21,7 +21,8 @@ rows may come back in different rounds, so instead each round pulls its rows int
 slots [T, min(k, R)] (slot j: the token's j-th destination rank in rank order) and the slots are
 summed in slot order in f32 and rounded once at the end: the unbounded sum, bit for bit, as long as
 each row's expert output does not depend on which rows share its round (true of sluice's gmm,
-swiglu and fan ops). The backward does the same for d x (and for d topk_weights, one non-zero
+swiglu and fan ops). With fp8 the rows travel as dispatch(..., fp8=)'s e4m3 rows and 1x128 scales,
+packed once for every round (the blocks are per row, so a row's bytes are the unbounded path's). The backward does the same for d x (and for d topk_weights, one non-zero
 slot per weight). The expert weights' gradients are summed over the rounds: exact when there is
 one round, otherwise the same sum rounded per round.
 
@@ -41,7 +42,7 @@ import numpy as np
 
 from ..vma import match_vma
 from .comm import _comm_for, _where
-from .exchange import Dispatched, Handle, _dispatch_call, _redispatch_call
+from .exchange import Dispatched, Handle, _dispatch_call, _pack_fp8, _redispatch_call, _unpack_fp8
 
 
 def bounded_rows(num_tokens: int, topk: int, factor: float) -> int:
@@ -128,12 +129,21 @@ def _tree_add(a, b):
 class _Static:
     """What the rounds need that is not an array (hashable: a custom_vjp nondiff argument)."""
 
-    def __init__(self, experts, cfg, axis_name, rows, recv_rows, kk, max_rows):
+    def __init__(self, experts, cfg, axis_name, rows, recv_rows, kk, max_rows, fp8):
         self.experts, self.cfg, self.axis_name = experts, cfg, axis_name
         self.rows, self.recv_rows, self.kk, self.max_rows = rows, recv_rows, kk, max_rows
+        self.fp8 = fp8  # None: rows travel in x's dtype; a bool: e4m3, power-of-two scales or not
 
     def key(self):
-        return (self.experts, self.cfg, self.axis_name, self.rows, self.recv_rows, self.kk)
+        return (
+            self.experts,
+            self.cfg,
+            self.axis_name,
+            self.rows,
+            self.recv_rows,
+            self.kk,
+            self.fp8,
+        )
 
     def __hash__(self):
         return hash(self.key())
@@ -142,11 +152,21 @@ class _Static:
         return isinstance(other, _Static) and self.key() == other.key()
 
 
-def _dispatch_round(st, x, idx, w, slot_round, rnd, where):
-    """Round rnd's dispatch: the token slots of this round alone."""
+def _wire(st, x):
+    """The rows as they travel, made once for every round: x, or with FP8 its e4m3 rows and their
+    1x128 scales packed (dispatch(..., fp8=)'s format; the blocks are per row, so a row's bytes do
+    not depend on the rows that share its round)."""
+    return x if st.fp8 is None else _pack_fp8(x, st.fp8)
+
+
+def _dispatch_round(st, wire, like, idx, w, slot_round, rnd, where):
+    """Round rnd's dispatch of the rows `wire` (_wire): the token slots of this round alone,
+    received in like's dtype (like: x[:0])."""
     _, r, e = st.cfg
     idx_r = jnp.where(slot_round == rnd, idx, -1)
-    rx, ri, rw, nr, cn, sr, rs = _dispatch_call(x, idx_r, w, where, st.cfg, st.recv_rows)
+    rx, ri, rw, nr, cn, sr, rs = _dispatch_call(wire, idx_r, w, where, st.cfg, st.recv_rows)
+    if st.fp8 is not None:
+        rx = _unpack_fp8(rx, like.shape[1], like.dtype)
     handle = Handle(sr, rs, st.cfg[0], st.axis_name, r, e)
     return Dispatched(rx, ri, rw, nr[0], cn, handle)
 
@@ -174,8 +194,9 @@ def _bounded(st, x, w, params, idx, slot_round, dest_slot, rounds, where):
 
 def _bounded_fwd(st, x, w, params, idx, slot_round, dest_slot, rounds, where, keep=True):
     """The rounds; keep: also round 0's VJP (the residuals the backward keeps)."""
-    t = x.shape[0]
-    recv = _dispatch_round(st, x, idx, w, slot_round, 0, where)
+    t, like = x.shape[0], x[:0]
+    wire = _wire(st, x)
+    recv = _dispatch_round(st, wire, like, idx, w, slot_round, 0, where)
     f = _experts_of(st, recv)
     if keep:
         y, vjp0 = jax.vjp(f, recv.x, recv.topk_weights, params)
@@ -186,14 +207,15 @@ def _bounded_fwd(st, x, w, params, idx, slot_round, dest_slot, rounds, where, ke
 
     def more(carry):
         rnd, slots = carry
-        r_recv = _dispatch_round(st, x, idx, w, slot_round, rnd, where)
+        r_recv = _dispatch_round(st, wire, like, idx, w, slot_round, rnd, where)
         r_y = _experts_of(st, r_recv)(r_recv.x, r_recv.topk_weights, params)
         r_src = _slot_src(r_recv.handle.send_row, dest_slot, st.recv_rows, st.kk)
         return rnd + 1, _merge(r_src, _pull(st, r_y, r_src, where), slots)
 
     _, slots = jax.lax.while_loop(lambda c: c[0] < rounds, more, (jnp.int32(1), slots))
     out = _slot_sum(slots, t, st.kk).astype(y.dtype)
-    res = (vjp0, recv.topk_idx, recv.handle.recv_src, src, x, w, params, idx, slot_round)
+    # the backward's later rounds dispatch the wire rows again (with FP8 about half x's bytes)
+    res = (vjp0, recv.topk_idx, recv.handle.recv_src, src, wire, like, w, params, idx, slot_round)
     return out, res + (dest_slot, rounds, where)
 
 
@@ -206,13 +228,13 @@ def _round_grads(st, vjp, recv_idx, recv_src, src, dout, where):
 
 
 def _bounded_bwd(st, res, dout):
-    vjp0, ri0, rs0, src0, x, w, params, idx, slot_round, dest_slot, rounds, where = res
-    t = x.shape[0]
+    vjp0, ri0, rs0, src0, wire, like, w, params, idx, slot_round, dest_slot, rounds, where = res
+    t = wire.shape[0]
     dx_slots, dw_slots, dparams = _round_grads(st, vjp0, ri0, rs0, src0, dout, where)
 
     def more(carry):
         rnd, dx_slots, dw_slots, dparams = carry
-        recv = _dispatch_round(st, x, idx, w, slot_round, rnd, where)
+        recv = _dispatch_round(st, wire, like, idx, w, slot_round, rnd, where)
         _, vjp = jax.vjp(_experts_of(st, recv), recv.x, recv.topk_weights, params)
         src = _slot_src(recv.handle.send_row, dest_slot, st.recv_rows, st.kk)
         g_dx, g_dw, g_p = _round_grads(
@@ -227,17 +249,26 @@ def _bounded_bwd(st, res, dout):
 
     carry = (jnp.int32(1), dx_slots, dw_slots, dparams)
     _, dx_slots, dw_slots, dparams = jax.lax.while_loop(lambda c: c[0] < rounds, more, carry)
-    dx = _slot_sum(dx_slots, t, st.kk).astype(x.dtype)
+    dx = _slot_sum(dx_slots, t, st.kk).astype(like.dtype)
     dw = _slot_sum(dw_slots, t, st.kk)
     dparams = jax.tree.map(match_vma, dparams, params)
-    return match_vma(dx, x), match_vma(dw, w), dparams, None, None, None, None, None
+    return match_vma(dx, like), match_vma(dw, w), dparams, None, None, None, None, None
 
 
 _bounded.defvjp(functools.partial(_bounded_fwd, keep=True), _bounded_bwd)
 
 
 def bounded_moe(
-    x, topk_idx, topk_weights, experts, params, *, num_experts: int, axis_name, rows: int
+    x,
+    topk_idx,
+    topk_weights,
+    experts,
+    params,
+    *,
+    num_experts: int,
+    axis_name,
+    rows: int,
+    fp8=None,
 ):
     """The MoE sum over expert parallelism with buffers of at most `rows` pairs per rank and round.
 
@@ -247,9 +278,12 @@ def bounded_moe(
     -> gmm ... -> fan_in; it must be jax-traceable (it runs in a lax.while_loop) and compute each
     row's output from that row alone. rows: C, the expert block's rows (received (row, slot)
     pairs) per round, >= min(k, E/R) (bounded_rows(T, k, F) gives F times the balanced mean).
+    fp8: as dispatch's (None, True or a sluice.fp8.Recipe): every round's rows travel as e4m3 with
+    their 1x128 scales and reach experts dequantized to x's dtype; the gradient in x passes the
+    quantization straight through.
 
     Returns (out [T, H'] in y's dtype, stats): out equals combine(experts(dispatch(...))) of the
-    unbounded path bit for bit, and so do the gradients in x and topk_weights; the params' gradient
+    unbounded path (dispatch with the same fp8) bit for bit, and so do the gradients in x and topk_weights; the params' gradient
     is summed over rounds. stats: int32 scalars, the same on every rank of the axis: "rounds" (1
     unless a rank's pairs overflow C; 0 when nothing is routed), "peak_recv_rows" and
     "peak_expert_rows" (the most rows / pairs one rank received in all rounds together)."""
@@ -279,7 +313,11 @@ def bounded_moe(
     recv_rows = min(window, t * r)
     max_rows = min(int(rows), recv_rows * per_row)
     cfg = (comm.comm_id, r, e)
-    st = _Static(experts, cfg, axis_name, int(rows), recv_rows, min(k, r), max_rows)
+    from ..gmm_fp8 import as_recipe
+
+    recipe = as_recipe(fp8, "sluice.ep.bounded_moe")
+    p2 = None if recipe is None else recipe.power_of_two_scales
+    st = _Static(experts, cfg, axis_name, int(rows), recv_rows, min(k, r), max_rows, p2)
     slot_round, dest_slot, stats = _layout(topk_idx, r, e // r, window, axis_name)
     where = _where(comm)
     out = _bounded(
