@@ -93,6 +93,8 @@ def identity(a, cfg, hp, data) -> dict:
         # None when off, so that a run from before these flags resumes as a bf16 run
         "--fp8": True if cfg.fp8 else None,
         "--fp8-power-of-two-scales": True if cfg.fp8 and cfg.fp8.power_of_two_scales else None,
+        # a run from before the flag sent bf16 rows: it resumes with --no-fp8-dispatch
+        "--fp8-dispatch": True if cfg.fp8 and cfg.moe.fp8_dispatch else None,
         "--data": data.fingerprint(),
     }
 

@@ -80,6 +80,14 @@ def parse_args(argv=None):
         action="store_true",
         help="with --fp8: round every scale up to a power of two (exact scaling, no saturation)",
     )
+    p.add_argument(
+        "--fp8-dispatch",
+        action=argparse.BooleanOptionalAction,
+        help="with --fp8, over sluice.ep (--ep > 1): dispatch sends the tokens' rows as e4m3 with "
+        "their 1x128 scales (about half the bytes), combine stays bf16, as DeepSeek-V3 trains. On "
+        "by default with --fp8: the FP8 gate/up matmul quantizes those rows by the same recipe "
+        "anyway. --no-fp8-dispatch: bf16 rows",
+    )
     p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--steps", type=positive_int, help="total steps (default: the preset's)")
     p.add_argument(
@@ -210,6 +218,9 @@ def fp8_recipe(a) -> Recipe | None:
     if not a.fp8:
         if a.fp8_power_of_two_scales:
             raise UsageError("--fp8-power-of-two-scales: scales of --fp8; add --fp8")
+        if a.fp8_dispatch is not None:
+            flag = "--fp8-dispatch" if a.fp8_dispatch else "--no-fp8-dispatch"
+            raise UsageError(f"{flag}: the dispatch of --fp8; add --fp8")
         return None
     if a.moe_impl != "sluice":
         raise UsageError(
@@ -219,6 +230,11 @@ def fp8_recipe(a) -> Recipe | None:
     if a.no_sluice_gmm:
         raise UsageError(
             "--fp8: the experts' FP8 matmuls are sluice.gmm's; leave out --no-sluice-gmm"
+        )
+    if a.fp8_dispatch and a.no_sluice_dispatch:
+        raise UsageError(
+            "--fp8-dispatch: FP8 rows travel by sluice.ep's dispatch; leave out "
+            "--no-sluice-dispatch"
         )
     return Recipe(power_of_two_scales=a.fp8_power_of_two_scales)
 
@@ -239,6 +255,7 @@ def build_config(a) -> tuple[ModelConfig, dict]:
         ep_rows_factor=None if a.ep_worst_case else a.ep_rows_factor,
         ep_num_sms=a.ep_sms,
         fp8=fp8,
+        fp8_dispatch=a.fp8_dispatch is not False,
     )
     for k in ("bias_update_rate", "aux_loss_coef", "num_shared_experts"):
         if getattr(a, k) is not None:

@@ -285,7 +285,8 @@ def dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
     by its router weight in the SwiGLU, and fan_in/combine sum their outputs in fp32 (rounded once
     per rank to the compute dtype for the trip back). With cfg.ep_rows_factor the buffers hold F
     times the balanced mean and overflow runs in further rounds (sluice.ep.bounded_moe), else they
-    are sized for the worst case. Returns (y f32 [T, D], f32 [3]: rounds, the most rows and the
+    are sized for the worst case. With cfg.fp8 and cfg.fp8_dispatch the rows travel in FP8 (by the
+    experts' recipe). Returns (y f32 [T, D], f32 [3]: rounds, the most rows and the
     most (row, slot) pairs a rank received)."""
     # With sluice's gmm the expert block's rows past the groups are never zeroed nor computed
     # (gmm's output, fan_out's, fan_in's gradient, the SwiGLU): only gmm, tgmm, fan_in, fan_out's
@@ -298,6 +299,7 @@ def dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
         xs, _, fan = ep.fan_out(recv, max_rows=max_rows, zero_unused_rows=zero_unused)
         return _expert_block(xs, *params, fan, gmm, None, kernel=not zero_unused)
 
+    fp8 = cfg.fp8 if cfg.fp8_dispatch else None
     if cfg.ep_rows_factor is not None:
         # Under remat the experts of a round keep only their inputs (the round's received rows)
         rows = ep.bounded_rows(x.shape[0], idx.shape[1], cfg.ep_rows_factor)
@@ -310,10 +312,11 @@ def dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
             num_experts=cfg.num_experts,
             axis_name=ep_axis,
             rows=rows,
+            fp8=fp8,
         )
         keys = ("rounds", "peak_recv_rows", "peak_expert_rows")
         return y.astype(jnp.float32), jnp.stack([st[k] for k in keys]).astype(jnp.float32)
-    recv = ep.dispatch(x, idx, weights, num_experts=cfg.num_experts, axis_name=ep_axis)
+    recv = ep.dispatch(x, idx, weights, num_experts=cfg.num_experts, axis_name=ep_axis, fp8=fp8)
 
     def local(rx, ri, rw, wi, wo):
         return experts(recv._replace(x=rx, topk_idx=ri, topk_weights=rw), (wi, wo), None)

@@ -19,7 +19,8 @@ One set of parameters and one router; ``MoEConfig.impl`` picks how tokens reach 
   takes the ``ragged_all_to_all`` exchange instead). With ``fp8`` (a ``sluice.fp8.Recipe``) every
   expert matmul, gate/up and down, forward and both gradients, on every exchange (one device,
   sluice.ep's bounded rounds or worst-case buffers, ragged_all_to_all), runs in FP8 by DeepSeek-V3's
-  recipe: ``sluice.gmm(..., fp8=recipe)``; so does the shared expert (``nn.linear.dense``). The
+  recipe: ``sluice.gmm(..., fp8=recipe)``; so does the shared expert (``nn.linear.dense``). Over
+  sluice.ep the dispatched rows then travel in FP8 too (``fp8_dispatch``, on by default). The
   other two paths have no FP8 matmul and refuse ``fp8``.
 
 Each path's expert computation is in experts.py; this module holds the config, the router, the
@@ -113,6 +114,16 @@ class MoEConfig:
     # weight blocks with f32 scales: sluice.gmm's fp8); the weights, their gradients and the
     # router stay as they are
     fp8: Recipe | None = None
+    # with fp8, over sluice.ep (its bounded rounds or worst-case buffers): dispatch sends the rows
+    # as e4m3 with their 1x128 scales (about half the bytes; sluice.ep.dispatch's fp8) and combine
+    # stays in the compute dtype, as DeepSeek-V3 trains. On by default: the gate/up matmul
+    # quantizes these rows by the same recipe anyway, and for bf16 rows it makes the same e4m3
+    # values and scales of the dequantized rows (a row's amax survives the round trip, so its
+    # scale does), so the layer's values and gradients stay as they are but the gate/up weights',
+    # which multiplies the dequantized rows instead of the original ones (DeepSeek-V3 keeps the
+    # FP8 rows for it too). No effect without fp8, on one device or over ragged_all_to_all
+    # (use_sluice_dispatch=False), which send rows in the compute dtype
+    fp8_dispatch: bool = True
     dtype: Any = jnp.bfloat16  # compute dtype of the experts
     init_std: float = 0.02
     out_init_std: float = 0.02
@@ -126,6 +137,8 @@ class MoEConfig:
                 "fp8 runs the expert matmuls on sluice.gmm: it needs impl='sluice' with "
                 f"use_sluice_gmm=True, got impl={self.impl!r}, use_sluice_gmm={self.use_sluice_gmm}"
             )
+        if not isinstance(self.fp8_dispatch, bool):
+            raise TypeError(f"fp8_dispatch must be a bool, got {self.fp8_dispatch!r}")
         if self.router not in ("softmax", "sigmoid"):
             raise ValueError(f"router must be 'softmax' or 'sigmoid', got {self.router!r}")
         if not 1 <= self.top_k <= self.num_experts:
@@ -436,6 +449,8 @@ class MoE(nnx.Module):
                 else ("sluice.ep" if self.sluice_dispatch else "ragged_all_to_all")
             )
             what += f", EP {r} over {how}"
+            if self.sluice_dispatch and cfg.fp8 is not None and cfg.fp8_dispatch:
+                what += ", FP8 dispatch"
         return what
 
     def update_bias(self, load):

@@ -73,6 +73,11 @@ TRAIN = [
     ),
     (["--fp8", "--no-sluice-gmm"], "--fp8: the experts' FP8 matmuls are sluice.gmm's; leave out"),
     (["--fp8-power-of-two-scales"], "--fp8-power-of-two-scales: scales of --fp8; add --fp8"),
+    (["--no-fp8-dispatch"], "--no-fp8-dispatch: the dispatch of --fp8; add --fp8"),
+    (
+        ["--fp8", "--fp8-dispatch", "--no-sluice-dispatch"],
+        "--fp8-dispatch: FP8 rows travel by sluice.ep's dispatch; leave out --no-sluice-dispatch",
+    ),
 ]
 
 

@@ -245,8 +245,8 @@ def test_router_and_shared_expert_flags_override_the_preset():
 
 
 def test_fp8_trains_over_expert_parallelism_and_resumes_only_in_fp8(tmp_path, capsys):
-    """--fp8 with the experts split over 2 CPU devices (sluice.ep): three steps log finite losses;
-    config.json records it, and --resume refuses to drop it."""
+    """--fp8 with the experts split over 2 CPU devices (sluice.ep, FP8 dispatch by default): three
+    steps log finite losses; config.json records both, and --resume refuses to drop either."""
     import json
 
     from sluice.cli import train
@@ -264,8 +264,15 @@ def test_fp8_trains_over_expert_parallelism_and_resumes_only_in_fp8(tmp_path, ca
     with open(os.path.join(out, "config.json")) as f:
         config = json.load(f)
     assert config["run"]["--fp8"] is True and config["model"]["fp8"] is not None
-    assert "sluice.gmm in FP8" in config["moe_path"]
-    capsys.readouterr()
-    with pytest.raises(SystemExit):
-        train.main(argv + ["--resume"])
-    assert "--resume: --fp8 is None here but True in the run" in capsys.readouterr().err
+    assert config["run"]["--fp8-dispatch"] is True and config["model"]["moe"]["fp8_dispatch"]
+    assert "sluice.gmm in FP8" in config["moe_path"] and "FP8 dispatch" in config["moe_path"]
+    for flags, err in (
+        ([], "--resume: --fp8 is None here but True in the run"),
+        (["--fp8", "--no-fp8-dispatch"], "--resume: --fp8-dispatch is None here but True in the"),
+    ):
+        capsys.readouterr()
+        with pytest.raises(SystemExit):
+            train.main(argv + flags + ["--resume"])
+        assert err in capsys.readouterr().err
+    cfg, _ = train.build_config(train.parse_args(["--fp8", "--no-fp8-dispatch"]))
+    assert cfg.fp8 is not None and not cfg.moe.fp8_dispatch

@@ -18,7 +18,7 @@ from flax import nnx
 from helpers import rel_err
 from jax.sharding import Mesh
 from sluice import fp8
-from sluice.nn import experts, linear
+from sluice.nn import experts, linear, moe
 from sluice.nn.moe import MoE, MoEConfig
 from sluice.ops.gmm import gmm_reference, tgmm_reference
 from sluice.ops.vma import match_vma
@@ -142,6 +142,54 @@ def test_fp8_layer_is_the_reference_of_its_quantized_math(path, reference):
     if local:
         _assert_rel(want, plain, 0.1)
         assert rel_err(got[0], plain[0]) > 1e-3  # FP8 is in effect
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _straight_through(x, recipe):
+    q, s = fp8.quantize(x, fp8.ACT, power_of_two=recipe.power_of_two_scales)
+    return fp8.dequantize(q, s, fp8.ACT, dtype=x.dtype)
+
+
+_straight_through.defvjp(lambda x, recipe: (_straight_through(x, recipe), None),
+                         lambda recipe, _, g: (g,))  # fmt: skip
+
+
+def test_fp8_dispatch_is_the_bf16_dispatch_of_the_quantized_rows(monkeypatch):
+    """A bf16 layer with FP8 dispatch on 2 CPU devices, over sluice.ep's rounds (overflowing):
+    - equals the same layer whose exchange dispatches dequantize(quantize(x)) in bf16 (the
+      quantization's gradient straight through): values and every gradient bit for bit;
+    - over the worst-case buffers: the same values and d x bit for bit; the weights' gradients
+      within e4m3's error (the FP8 weight gradient's 128-row blocks are each round's own);
+    - against BF16 dispatch: the gate/up matmul quantizes the dequantized bf16 rows to the e4m3
+      values and scales of the original ones (a row's amax survives the round trip), so the values
+      and every gradient but the routed gate/up weights' are the same bit for bit; that one
+      multiplies the dequantized rows, within e4m3's error."""
+    cfg = dataclasses.replace(CFG, dtype=jnp.bfloat16, **PATHS["sluice.ep-rounds"])
+    mesh = _mesh(1, 2)
+    assert MoE(cfg, rngs=nnx.Rngs(0), mesh=mesh).describe().endswith("sluice.ep, FP8 dispatch")
+    got = _run(cfg, mesh)
+    worst = _run(dataclasses.replace(cfg, ep_rows_factor=None), mesh)
+    plain = _run(dataclasses.replace(cfg, fp8_dispatch=False), mesh)
+    exchange = moe.dropless_sluice_ep
+
+    def bf16_dispatch_of_quantized_rows(cfg, x, *args):
+        bf16 = dataclasses.replace(cfg, fp8_dispatch=False)
+        return exchange(bf16, _straight_through(x, cfg.fp8), *args)
+
+    monkeypatch.setattr(moe, "dropless_sluice_ep", bf16_dispatch_of_quantized_rows)
+    want = _run(cfg, mesh)
+    wi = (cfg.num_experts, cfg.d_model, 2 * cfg.d_ff)
+    for i, (a, b, c, d) in enumerate(zip(got, want, worst, plain, strict=True)):
+        a, b, c, d = (np.asarray(v, np.float32) for v in (a, b, c, d))
+        np.testing.assert_array_equal(a, b)
+        if i in (0, len(got) - 1):  # y, d x
+            np.testing.assert_array_equal(a, c)
+        else:
+            assert rel_err(c, a) < 0.1
+        if a.shape == wi:
+            assert 0 < rel_err(a, d) < 0.1
+        else:
+            np.testing.assert_array_equal(a, d)
 
 
 def test_fp8_bf16_layer_stays_close_to_bf16():
