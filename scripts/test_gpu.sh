@@ -4,9 +4,12 @@
 #         under compute-sanitizer (memcheck, racecheck, synccheck, initcheck), SLUICE_DEBUG's checks
 #         and the bounded pipeline wait
 #   jax   tests/gpu/test_jax_gpu.py: the ops through XLA's CUDA FFI, gradients, the MoE layer
+#   fp8   the FP8 ops' and the quantization's Python tests on the GPU (tests/python/ops/test_gmm_fp8.py,
+#         test_fp8_quantize.py: the CUDA kernels against the references, bit for bit where they must be)
 #   ep    sluice.ep over every GPU of the host (2 or more): the C API with every transport (peer, IPC,
-#         NCCL) against the references, one process per GPU, compute-sanitizer memcheck, the JAX ep tests
-# PARTS="gmm jax ep" picks parts. BUILD: tests/gpu/build.sh's folder (default build-gpu, built unless
+#         NCCL) against the references, one process per GPU, compute-sanitizer memcheck, the JAX ep tests,
+#         the bounded rounds against the worst-case path (tests/python/ops/test_ep_bounded.py)
+# PARTS="gmm jax fp8 ep" picks parts. BUILD: tests/gpu/build.sh's folder (default build-gpu, built unless
 # SKIP_BUILD=1 finds it); SLUICE_LIBRARY: a CMake build of libsluice.so (default: build/, built here
 # for sm_90a if missing). Logs in $LOGS (default $BUILD/logs). Exit status: the number of failed parts.
 set -uo pipefail
@@ -16,7 +19,7 @@ export BUILD=${BUILD:-build-gpu} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCAT
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 LOGS=${LOGS:-$BUILD/logs}
 mkdir -p "$LOGS"
-want() { [[ " ${PARTS:-gmm jax ep} " == *" $1 "* ]]; }
+want() { [[ " ${PARTS:-gmm jax fp8 ep} " == *" $1 "* ]]; }
 fails=0
 part() { # name, command...: runs it, prints one line, counts a failure
   local name=$1 t0=$SECONDS rc
@@ -41,6 +44,8 @@ if [ -z "${SLUICE_LIBRARY:-}" ]; then
 fi
 want gmm && part gmm env LOGS="$LOGS/gmm" tests/gpu/run.sh
 want jax && part jax timeout 400 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_jax_gpu.py
+want fp8 && part fp8 env JAX_PLATFORMS=cuda timeout 400 python3 -m pytest -q -rs -p no:cacheprovider \
+  tests/python/ops/test_gmm_fp8.py tests/python/ops/test_fp8_quantize.py
 R=$(nvidia-smi -L | wc -l)
 if want ep && [ "$R" -ge 2 ]; then
   export SLUICE_EP_TIMEOUT=10
@@ -54,6 +59,8 @@ if want ep && [ "$R" -ge 2 ]; then
   part ep-san-nccl env SLUICE_EP_TIMEOUT=90 timeout 150 "$SAN" --tool memcheck --leak-check no \
     --report-api-errors no --error-exitcode 9 python3 tests/gpu/ep_capi_check.py --ranks 1 --quick --transport nccl
   part ep-jax env EP_RANKS="$R" timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_ep_gpu.py
+  part ep-bounded env JAX_PLATFORMS=cuda timeout 600 python3 -m pytest -q -rs -p no:cacheprovider \
+    tests/python/ops/test_ep_bounded.py
 elif want ep; then
   echo "ep     skipped: needs 2 or more GPUs (this host has $R)"
 fi
