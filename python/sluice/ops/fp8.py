@@ -353,21 +353,9 @@ def gmm_fp8_reference(
     Returns:
       [M, N]; rows outside the local groups are zero.
     """
-    lhs_q, lhs_scale = jnp.asarray(lhs_q), jnp.asarray(lhs_scale)
-    rhs_q, rhs_scale = jnp.asarray(rhs_q), jnp.asarray(rhs_scale)
-    if lhs_q.ndim != 2 or rhs_q.ndim != 3:
-        raise ShapeError(
-            f"sluice.fp8.gmm_fp8_reference: lhs must be 2-D and rhs 3-D, got {lhs_q.shape} "
-            f"and {rhs_q.shape}"
-        )
-    _check_pair("gmm_fp8_reference", "lhs", lhs_q, lhs_scale, ACT)
-    _check_pair("gmm_fp8_reference", "rhs", rhs_q, rhs_scale, WEIGHT)
-    k_rhs = rhs_q.shape[2] if transpose_rhs else rhs_q.shape[1]
-    if k_rhs != lhs_q.shape[1]:
-        raise ShapeError(
-            f"sluice.fp8.gmm_fp8_reference: contraction dims differ: lhs {lhs_q.shape}, rhs "
-            f"{rhs_q.shape} (transpose_rhs={transpose_rhs})"
-        )
+    lhs_q, lhs_scale, rhs_q, rhs_scale = _gmm_operands(
+        "gmm_fp8_reference", lhs_q, lhs_scale, rhs_q, rhs_scale, transpose_rhs
+    )
     lhs = dequantize(lhs_q, lhs_scale, ACT)
     rhs = dequantize(rhs_q, rhs_scale, WEIGHT)
     return gmm_reference(
@@ -378,6 +366,29 @@ def gmm_fp8_reference(
         group_offset=group_offset,
         preferred_element_type=preferred_element_type,
     )
+
+
+def _gmm_operands(op, lhs_q, lhs_scale, rhs_q, rhs_scale, transpose_rhs):
+    """gmm's FP8 operands as arrays, checked: lhs [M, K] e4m3 with its ACT scale, rhs [G_local, K, N]
+    (or [G_local, N, K] with transpose_rhs) with its WEIGHT scale (sluice.fp8.`op` in the
+    messages)."""
+    lhs_q, lhs_scale = jnp.asarray(lhs_q), jnp.asarray(lhs_scale)
+    rhs_q, rhs_scale = jnp.asarray(rhs_q), jnp.asarray(rhs_scale)
+    if lhs_q.ndim != 2 or rhs_q.ndim != 3:
+        want = "[G_local, N, K]" if transpose_rhs else "[G_local, K, N]"
+        raise ShapeError(
+            f"sluice.fp8.{op}: lhs_q must be 2-D [M, K] and rhs_q 3-D {want}, got {lhs_q.shape} "
+            f"and {rhs_q.shape}"
+        )
+    _check_pair(op, "lhs", lhs_q, lhs_scale, ACT)
+    _check_pair(op, "rhs", rhs_q, rhs_scale, WEIGHT)
+    k_rhs = rhs_q.shape[2] if transpose_rhs else rhs_q.shape[1]
+    if k_rhs != lhs_q.shape[1]:
+        raise ShapeError(
+            f"sluice.fp8.{op}: contraction dims differ: lhs {lhs_q.shape} has K={lhs_q.shape[1]}, "
+            f"rhs {rhs_q.shape} has K={k_rhs} (transpose_rhs={bool(transpose_rhs)})"
+        )
+    return lhs_q, lhs_scale, rhs_q, rhs_scale
 
 
 def _tgmm_operands(op, lhs_q, lhs_scale, rhs_q, rhs_scale):

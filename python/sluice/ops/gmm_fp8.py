@@ -37,7 +37,7 @@ from . import checks
 from ._lib import register_targets
 from .capi import gmm_workspace_bytes
 from .checks import ShapeError
-from .fp8 import ACT, E4M3, WEIGHT, _check_pair, _tgmm_operands, quantize, quantize_t
+from .fp8 import ACT, E4M3, WEIGHT, _gmm_operands, _tgmm_operands, quantize, quantize_t
 from .gmm import _offset_array
 from .vma import _vary_kw, match_vma
 
@@ -208,22 +208,9 @@ def gmm(
     Raises:
       ShapeError / TypeError naming the argument for bad shapes and dtypes.
     """
-    lhs_q, lhs_scale = jnp.asarray(lhs_q), jnp.asarray(lhs_scale)
-    rhs_q, rhs_scale = jnp.asarray(rhs_q), jnp.asarray(rhs_scale)
-    if lhs_q.ndim != 2 or rhs_q.ndim != 3:
-        want = "[G_local, N, K]" if transpose_rhs else "[G_local, K, N]"
-        raise ShapeError(
-            f"sluice.fp8.gmm: lhs_q must be 2-D [M, K] and rhs_q 3-D {want}, got {lhs_q.shape} "
-            f"and {rhs_q.shape}"
-        )
-    _check_pair("gmm", "lhs", lhs_q, lhs_scale, ACT)
-    _check_pair("gmm", "rhs", rhs_q, rhs_scale, WEIGHT)
-    k_rhs = rhs_q.shape[2] if transpose_rhs else rhs_q.shape[1]
-    if k_rhs != lhs_q.shape[1]:
-        raise ShapeError(
-            f"sluice.fp8.gmm: contraction dims differ: lhs {lhs_q.shape} has K={lhs_q.shape[1]}, "
-            f"rhs {rhs_q.shape} has K={k_rhs} (transpose_rhs={bool(transpose_rhs)})"
-        )
+    lhs_q, lhs_scale, rhs_q, rhs_scale = _gmm_operands(
+        "gmm", lhs_q, lhs_scale, rhs_q, rhs_scale, transpose_rhs
+    )
     gs = _group_args("gmm", group_sizes, lhs_q.shape[0], group_offset)
     g, g_local = gs.shape[0], rhs_q.shape[0]
     if g_local > g:
