@@ -16,6 +16,12 @@ Presets (``PRESETS``) hold the model and its default training sizes:
   down to fit one H200.
 - ``dsv3-proxy-ep2``, ``-ep4``, ``-ep8``: the same model with its experts split over 2, 4 or 8 GPUs
   (``--ep``) and the batch grown with them (16 sequences per GPU).
+- ``dsv3-ep4``: DeepSeek-V3's layer widths on 4 GPUs (hidden 7168 as 56 heads of 128, a dense FFN
+  18432 wide, 256 routed experts 2048 wide plus a shared one, top-8 of 8 groups limited to 4; standard
+  attention in place of MLA), 4096 tokens per GPU, and 3 layers: the dense first and two MoE. That
+  is as many as the parameter count says 141 GB H200s hold with bf16 optimizer moments
+  (``--opt-state-dtype bfloat16``): 12 bytes a parameter, ~34 GB a GPU for each MoE layer's 64 local
+  experts, ~81 GB in all before activations (an estimate, not yet run).
 """
 
 from __future__ import annotations
@@ -409,3 +415,9 @@ PRESETS: dict[str, dict] = {
 }
 for _r in (2, 4, 8):
     PRESETS[f"dsv3-proxy-ep{_r}"] = dict(PRESETS["dsv3-proxy"], batch_size=16 * _r, ep=_r)
+_DSV3 = dict(
+    _DSV3_PROXY, d_model=7168, n_layers=3, n_heads=56, head_dim=128, d_ff_dense=18432, d_ff=2048
+)
+PRESETS["dsv3-ep4"] = dict(
+    _preset(_model(**_DSV3), batch_size=8, seq_len=2048, lr=3e-4, steps=100, warmup=10), ep=4
+)
