@@ -71,4 +71,22 @@ static inline void sl_store_f32(sl_dtype t, void *p, int64_t i, float v) {
   }
 }
 
+/* rows x cols of c (row stride c_ld) into dst (row stride ld) as t: memcpy for f32, rounded to
+ * nearest even for bf16/f16. The CPU kernels' tile stores. */
+static inline void sl_store_tile(sl_dtype t, const float *c, int64_t c_ld, int rows, int cols,
+                                 void *dst, int64_t ld) {
+  for (int r = 0; r < rows; ++r) {
+    const float *s = c + (size_t)r * (size_t)c_ld;
+    if (t == SL_DTYPE_F32) {
+      memcpy((float *)dst + r * ld, s, sizeof(float) * (size_t)cols);
+    } else {
+      uint16_t *o = (uint16_t *)dst + r * ld;
+      if (t == SL_DTYPE_BF16)
+        for (int j = 0; j < cols; ++j) o[j] = sl_f32_to_bf16(s[j]);
+      else
+        for (int j = 0; j < cols; ++j) o[j] = sl_f32_to_f16(s[j]);
+    }
+  }
+}
+
 #endif /* SLUICE_CONVERT_H_ */

@@ -48,21 +48,6 @@ static void pack(sl_dtype t, const void *src, int64_t rs, int64_t cs, int rows, 
   }
 }
 
-static void store_tile(sl_dtype t, const float *c, int rows, int cols, void *dst, int64_t ld) {
-  for (int r = 0; r < rows; ++r) {
-    const float *s = c + (size_t)r * NB;
-    if (t == SL_DTYPE_F32) {
-      memcpy((float *)dst + r * ld, s, sizeof(float) * (size_t)cols);
-    } else if (t == SL_DTYPE_BF16) {
-      uint16_t *d = (uint16_t *)dst + r * ld;
-      for (int j = 0; j < cols; ++j) d[j] = sl_f32_to_bf16(s[j]);
-    } else {
-      uint16_t *d = (uint16_t *)dst + r * ld;
-      for (int j = 0; j < cols; ++j) d[j] = sl_f32_to_f16(s[j]);
-    }
-  }
-}
-
 /* C[MB x NB] += A[mb x kb] (row stride KB) @ B[kb x NB] (row stride NB). B is zero-padded to NB
  * columns so every inner loop has a constant trip count and vectorises; an MR x NR block of C lives
  * in registers across the whole kb loop. */
@@ -204,7 +189,7 @@ static void run_task(const problem *P, const task *t, float *A, float *B, float 
         pack(d->rhs_dtype, rhs + (size_t)(k0 * N + t->c0) * in_es, N, 1, kb, nb, B, NB);
       micro_kernel(mb, kb, A, B, C);
     }
-    store_tile(d->out_dtype, C, mb, nb, P->out + (size_t)((t->b * M + t->r0) * N + t->c0) * out_es,
+    sl_store_tile(d->out_dtype, C, NB, mb, nb, P->out + (size_t)((t->b * M + t->r0) * N + t->c0) * out_es,
                N);
   } else {
     const int mb = (int)(K - t->r0 < MB ? K - t->r0 : MB); /* tile rows are rows of K */
@@ -217,7 +202,7 @@ static void run_task(const problem *P, const task *t, float *A, float *B, float 
       pack(d->rhs_dtype, rhs + (size_t)(r * N + t->c0) * in_es, N, 1, kb, nb, B, NB);
       micro_kernel(mb, kb, A, B, C);
     }
-    store_tile(d->out_dtype, C, mb, nb,
+    sl_store_tile(d->out_dtype, C, NB, mb, nb,
                P->out + (size_t)(((t->b * GL + t->g) * K + t->r0) * N + t->c0) * out_es, N);
   }
 }

@@ -141,18 +141,6 @@ static void decode_cols(const float *lut, const uint8_t *src, int64_t ld, int co
   }
 }
 
-static void store_tile(sl_dtype t, const float *c, int rows, int cols, void *dst, int64_t ld) {
-  for (int r = 0; r < rows; ++r) {
-    const float *s = c + (size_t)r * NB;
-    if (t == SL_DTYPE_F32) {
-      memcpy((float *)dst + r * ld, s, sizeof(float) * (size_t)cols);
-    } else {
-      uint16_t *o = (uint16_t *)dst + r * ld;
-      for (int j = 0; j < cols; ++j) o[j] = sl_f32_to_bf16(s[j]);
-    }
-  }
-}
-
 static void run_task(const problem *P, const task *t, float *A, float *Bp, float *C, float *srow,
                      float *scol) {
   const sl_gmm_desc *d = P->d;
@@ -179,7 +167,7 @@ static void run_task(const problem *P, const task *t, float *A, float *Bp, float
       for (int c = 0; c < nb; ++c) scol[c] = rs[kp];
       piece_kernel(mb, kb, A, Bp, srow, scol, C);
     }
-    store_tile(d->out_dtype, C, mb, nb, P->out + (size_t)((t->b * M + t->r0) * N + t->c0) * out_es,
+    sl_store_tile(d->out_dtype, C, NB, mb, nb, P->out + (size_t)((t->b * M + t->r0) * N + t->c0) * out_es,
                N);
   } else {
     const int64_t nmb = (M + PK - 1) / PK;
@@ -197,7 +185,7 @@ static void run_task(const problem *P, const task *t, float *A, float *Bp, float
       piece_kernel(mb, kb, A, Bp, srow, scol, C);
       p0 = p1;
     }
-    store_tile(d->out_dtype, C, mb, nb,
+    sl_store_tile(d->out_dtype, C, NB, mb, nb,
                P->out + (size_t)(((t->b * GL + t->g) * K + t->r0) * N + t->c0) * out_es, N);
   }
 }

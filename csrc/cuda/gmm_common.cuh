@@ -293,8 +293,13 @@ sl_status sm90_gmm_wgrad_launch(const GmmArgs &a, int num_sms, cudaStream_t stre
 /* Tests only (tests/gpu/test_gmm.cu): caps the persistent kernels' grid of the public calls at
  * `sms` SMs (0: every SM), so that small problems span many waves of tiles. Not thread-safe. */
 void gmm_set_grid_cap(int sms);
-/* The grid of a persistent kernel on a device of `sms` SMs: `sms`, or the cap above. */
-int gmm_grid_sms(int sms);
+/* The current device's compute capability (major) and the SMs a persistent grid takes there (all,
+ * or the cap above); found once per device. Compute capability below 8.0 is UNSUPPORTED. */
+sl_status gmm_device(const char *op, int *major, int *sms);
+/* With SLUICE_DEBUG=1: synchronises and checks the device's group sizes and offsets on the host,
+ * INVALID_VALUE naming what the kernels clamped (sluice.h); otherwise SUCCESS at once. */
+sl_status gmm_debug_check(const char *op, const sl_gmm_desc *d, const int32_t *group_sizes,
+                          const int32_t *group_offset, cudaStream_t stream);
 
 } /* namespace sluice_cuda */
 

@@ -251,7 +251,18 @@ sl_status run(const char *op, bool tgmm, const sl_gmm_desc *d, const void *lhs, 
 
 namespace sluice_cuda {
 void gmm_set_grid_cap(int sms) { g_grid_cap = sms > 0 ? sms : 0; }
-int gmm_grid_sms(int sms) { return g_grid_cap > 0 && g_grid_cap < sms ? g_grid_cap : sms; }
+sl_status gmm_device(const char *op, int *major, int *sms) {
+  DeviceInfo dev;
+  sl_status st = current_device(&dev, op);
+  if (st != SL_STATUS_SUCCESS) return st;
+  *major = dev.major, *sms = grid_sms(dev);
+  return SL_STATUS_SUCCESS;
+}
+sl_status gmm_debug_check(const char *op, const sl_gmm_desc *d, const int32_t *group_sizes,
+                          const int32_t *group_offset, cudaStream_t stream) {
+  return sl_debug_enabled() ? debug_check(op, d, group_sizes, group_offset, stream)
+                            : SL_STATUS_SUCCESS;
+}
 } /* namespace sluice_cuda */
 
 extern "C" {

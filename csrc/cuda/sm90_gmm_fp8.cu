@@ -397,32 +397,6 @@ namespace {
 using sluice_cuda::GmmArgs;
 using sluice_cuda::sm90::fp8::Fp8Args;
 
-/* The device's compute capability and SM count, found once per device. */
-struct Dev {
-  int major, sms;
-};
-constexpr int kMaxDevices = 64;
-Dev g_dev[kMaxDevices]; /* major 0: not found yet (a racing refill writes the same) */
-
-sl_status device(Dev *out, const char *op) {
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err == cudaSuccess && dev >= 0 && dev < kMaxDevices && g_dev[dev].major != 0) {
-    *out = g_dev[dev];
-    return SL_STATUS_SUCCESS;
-  }
-  Dev d{0, 0};
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
-  if (err != cudaSuccess)
-    return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: device attributes: %s", op,
-                        cudaGetErrorString(err));
-  if (dev >= 0 && dev < kMaxDevices) g_dev[dev] = d;
-  *out = d;
-  return SL_STATUS_SUCCESS;
-}
-
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 sl_status run(bool tgmm, const sl_gmm_desc *d, const void *lhs, const float *lhs_scale,
@@ -457,21 +431,19 @@ sl_status run(bool tgmm, const sl_gmm_desc *d, const void *lhs, const float *lhs
       return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: %s", op, cudaGetErrorString(err));
     return SL_STATUS_SUCCESS;
   }
-  Dev dev;
-  st = device(&dev, op);
+  int major = 0, sms = 0;
+  st = sluice_cuda::gmm_device(op, &major, &sms);
   if (st != SL_STATUS_SUCCESS) return st;
-  if (dev.major != 9)
+  if (major != 9)
     return sl_set_error(SL_STATUS_UNSUPPORTED,
                         "%s: the FP8 kernels need an sm_90 (Hopper) GPU; this one is sm_%d", op,
-                        dev.major * 10);
+                        major * 10);
   if ((tgmm ? M : K) % 16 != 0 || N % 8 != 0 || (tgmm && K % 4 != 0) || !aligned16(lhs) || !aligned16(rhs) ||
       !aligned16(out) || ((uintptr_t)lhs_scale & 15) || ((uintptr_t)rhs_scale & 15))
     return sl_set_error(SL_STATUS_UNSUPPORTED,
                         "%s: the CUDA kernel needs %s %% 16 == 0 (got %zu), N %% 8 == 0 (got %zu)%s "
                         "and 16-byte aligned operands (16-byte aligned scales); pad with zeros",
                         op, tgmm ? "M" : "K", tgmm ? M : K, N, tgmm ? ", K % 4 == 0" : "");
-  const size_t table = ((size_t)sluice_cuda::table_ints((int)GL) * sizeof(int) + 255) & ~(size_t)255;
-  const int sms = sluice_cuda::gmm_grid_sms(dev.sms);
   for (size_t b = 0; b < B; ++b) {
     Fp8Args fa;
     GmmArgs &a = fa.g;
@@ -482,8 +454,8 @@ sl_status run(bool tgmm, const sl_gmm_desc *d, const void *lhs, const float *lhs
     fa.sb = rhs_scale + b * rs_elems;
     a.group_sizes = group_sizes + b * G;
     a.group_offset = group_offset ? group_offset + b : NULL;
-    a.table = (int *)workspace;
-    a.counter = (int *)((char *)workspace + table);
+    a.table = (int *)workspace; /* the group table, where it does not fit in shared memory */
+    a.counter = nullptr;        /* (tiles go by a fixed stride: no counter) */
     a.m = (int)M, a.k = (int)K, a.n = (int)N;
     a.num_groups = (int)G, a.num_local_groups = (int)GL;
     a.in_dtype = SL_DTYPE_F8E4M3, a.out_dtype = d->out_dtype;
@@ -500,7 +472,7 @@ sl_status run(bool tgmm, const sl_gmm_desc *d, const void *lhs, const float *lhs
                 : sluice_cuda::sm90::fp8::launch<1, false, 5>(fa, sms, stream);
     if (st != SL_STATUS_SUCCESS) return st;
   }
-  return SL_STATUS_SUCCESS;
+  return sluice_cuda::gmm_debug_check(op, d, group_sizes, group_offset, stream);
 }
 
 } /* namespace */

@@ -136,3 +136,15 @@ void *sl_ffi_stream(const XLA_FFI_CallFrame *frame, XLA_FFI_Error **err) {
   *err = frame->api->XLA_FFI_Stream_Get(&args);
   return *err ? NULL : args.stream;
 }
+
+void *sl_ffi_workspace(const XLA_FFI_CallFrame *frame, int i, size_t need, const char *op,
+                       XLA_FFI_Error **err) {
+  const XLA_FFI_Buffer *ws = sl_ffi_ret(frame, i);
+  int64_t bytes = 1;
+  for (int64_t d = 0; d < ws->rank; ++d) bytes *= ws->dims[d];
+  *err = (size_t)bytes < need ? sl_ffi_error(frame, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                                             "sluice %s: workspace has %lld bytes, needs %zu", op,
+                                             (long long)bytes, need)
+                              : NULL;
+  return *err ? NULL : ws->data;
+}

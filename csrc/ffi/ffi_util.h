@@ -51,6 +51,11 @@ const char *sl_ffi_dtype_name(XLA_FFI_DataType t);
 /* The CUDA stream of this call (NULL on error, with *err set). */
 void *sl_ffi_stream(const XLA_FFI_CallFrame *frame, XLA_FFI_Error **err);
 
+/* Result i as a device workspace of at least `need` bytes: its data, or NULL with *err set (an
+ * error naming `op` and both sizes). */
+void *sl_ffi_workspace(const XLA_FFI_CallFrame *frame, int i, size_t need, const char *op,
+                       XLA_FFI_Error **err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -142,17 +142,12 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *f, int is_tgmm, int on_cuda) {
     st = is_tgmm ? sl_tgmm_fp8_cpu(&d, lhs, ls, rhs, rs, gs, off, out, 0)
                  : sl_gmm_fp8_cpu(&d, lhs, ls, rhs, rs, gs, off, out, 0);
   } else {
-    const XLA_FFI_Buffer *ws = sl_ffi_ret(f, 1);
-    int64_t ws_bytes = 1;
-    for (int64_t i = 0; i < ws->rank; ++i) ws_bytes *= ws->dims[i];
-    if ((size_t)ws_bytes < sl_gmm_cuda_workspace_size(&d))
-      return sl_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                          "sluice %s: workspace has %lld bytes, needs %zu", op, (long long)ws_bytes,
-                          sl_gmm_cuda_workspace_size(&d));
+    void *ws = sl_ffi_workspace(f, 1, sl_gmm_cuda_workspace_size(&d), op, &err);
+    if (err) return err;
     void *stream = sl_ffi_stream(f, &err);
     if (err) return err;
-    st = is_tgmm ? sl_tgmm_fp8_cuda(&d, lhs, ls, rhs, rs, gs, off, out, ws->data, stream)
-                 : sl_gmm_fp8_cuda(&d, lhs, ls, rhs, rs, gs, off, out, ws->data, stream);
+    st = is_tgmm ? sl_tgmm_fp8_cuda(&d, lhs, ls, rhs, rs, gs, off, out, ws, stream)
+                 : sl_gmm_fp8_cuda(&d, lhs, ls, rhs, rs, gs, off, out, ws, stream);
   }
   return st == SL_STATUS_SUCCESS ? NULL : sl_ffi_status_error(f, op, st);
 }

@@ -24,20 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from ..ops.fp8 import Recipe
 from ..ops.gmm import gmm as sluice_gmm
-
-
-def as_recipe(fp8, owner: str) -> Recipe | None:
-    """A config's ``fp8`` value as a Recipe: None or False (no FP8), True (the default Recipe) or a
-    ``sluice.fp8.Recipe``; anything else is a TypeError naming ``owner``."""
-    if fp8 is None or fp8 is False:
-        return None
-    if fp8 is True:
-        return Recipe()
-    if isinstance(fp8, Recipe):
-        return fp8
-    raise TypeError(f"{owner}: fp8 must be None, True or a sluice.fp8.Recipe, got {fp8!r}")
+from ..ops.gmm_fp8 import Recipe
 
 
 def _fp8_tensordot(x, w, contract, recipe):

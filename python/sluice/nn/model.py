@@ -35,7 +35,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ..ops.fp8 import Recipe
-from .linear import as_recipe, dense
+from ..ops.gmm_fp8 import as_recipe
+from .linear import dense
 from .moe import MoE, MoEConfig, SwiGLU
 
 VOCAB_SIZE = 320  # 256 bytes + specials (sluice.training.data), rounded up to a multiple of 64

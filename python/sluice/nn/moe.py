@@ -59,6 +59,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from ..ops.fp8 import Recipe
+from ..ops.gmm_fp8 import as_recipe
 from .experts import (
     ExpertMatmul,
     capacity_path,
@@ -67,7 +68,7 @@ from .experts import (
     dropless_sluice_ep,
     setup_sluice_ep,
 )
-from .linear import as_recipe, dense
+from .linear import dense
 
 IMPLS = ("dense", "ragged_dot", "sluice")
 
