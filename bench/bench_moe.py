@@ -8,7 +8,9 @@ One process, same inputs and parameters for every path: dense (capacity factor 1
 ragged_dot (jax.lax.ragged_dot, dropless) and sluice (sluice.gmm, dropless). The layer is the
 preset's MoE (router, routed and shared experts) on a batch of the preset's size. Timing: wall clock
 around a synchronised call of the jitted value-and-grad, after warm-up, median of --iters runs
-(fewer for paths slower than --budget seconds). TFLOP/s counts useful routed-expert FLOPs only: 3
+(fewer for paths slower than --budget seconds); "queued ms" the mean of --iters calls issued back to
+back with one wait at the end (the device's rate when the host keeps ahead). --profile DIR traces
+a few queued calls per path and prints where their device time went. TFLOP/s counts useful routed-expert FLOPs only: 3
 matmuls of 2*T*k*D*F forward, twice that backward (18*T*k*D*F per step), whatever the path computes.
 Memory: XLA's compiled buffer sizes (arguments, outputs, temporaries) for that one function, and the
 device's peak so far where the device reports it. --skew ALPHA makes routing uneven: expert
@@ -35,8 +37,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from sluice.cli.profile import summarize
 from sluice.nn.model import PRESETS
 from sluice.nn.moe import MoE
+
+PROFILE_CALLS = 5
 
 VARIANTS = {
     "dense-cf1.25": {"impl": "dense", "capacity_factor": 1.25},
@@ -48,7 +53,7 @@ VARIANTS = {
 DEFAULT_VARIANTS = "dense-cf1.25,dense-cf2.0,ragged_dot,sluice"
 
 
-def bench_one(cfg, x, mesh, bias, iters, budget):
+def bench_one(cfg, x, mesh, bias, iters, budget, profile_dir=None):
     layer = MoE(cfg, rngs=nnx.Rngs(0), mesh=mesh)
     layer.bias[...] = bias
     graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
@@ -81,8 +86,27 @@ def bench_one(cfg, x, mesh, bias, iters, budget):
             times.append(time.perf_counter() - t)
         if time.perf_counter() > deadline and len(times) >= 3:
             break
+    # The same calls queued back to back, one wait at the end: the device's rate when the host
+    # keeps ahead of it (the synced figure adds one dispatch and one wait per call).
+    t = time.perf_counter()
+    for _ in range(iters):
+        out = compiled(params, x)
+    jax.block_until_ready(out)
+    queued_ms = 1e3 * (time.perf_counter() - t) / iters
+    profile = None
+    if profile_dir:
+        jax.block_until_ready(compiled(params, x))
+        with jax.profiler.trace(profile_dir):
+            for _ in range(PROFILE_CALLS):
+                out = compiled(params, x)
+            jax.block_until_ready(out)
+        with open(os.path.join(profile_dir, "hlo.txt"), "w") as f:
+            f.write(compiled.as_text())
+        profile = summarize(profile_dir, steps=PROFILE_CALLS, top=30)
     return {
         "ms": 1e3 * statistics.median(times),
+        "queued_ms": queued_ms,
+        "profile": profile,
         "runs": len(times),
         "compile_s": compile_s,
         "dropped": float(stats["dropped"]),
@@ -120,6 +144,11 @@ def main(argv=None):
         "--skew", type=float, default=0.0, help="Dirichlet alpha of expert popularity; 0 = off"
     )
     p.add_argument("--json", help="append the results as one JSON line to this file")
+    p.add_argument(
+        "--profile",
+        help=f"trace {PROFILE_CALLS} queued calls of each path with jax.profiler into "
+        "PROFILE/<path> and print where their device time went (sluice-profile's summary)",
+    )
     a = p.parse_args(argv)
 
     preset = PRESETS[a.preset]
@@ -162,7 +191,8 @@ def main(argv=None):
     for name in a.variants.split(","):
         cfg = dataclasses.replace(base, **VARIANTS[name])
         try:
-            r = bench_one(cfg, x, mesh, bias, a.iters, a.budget)
+            pdir = os.path.join(a.profile, name) if a.profile else None
+            r = bench_one(cfg, x, mesh, bias, a.iters, a.budget, pdir)
             r["tflops_per_device"] = useful_flops / (r["ms"] / 1e3) / 1e12 / a.ep
         # An out-of-memory or a missing kernel is a result too.
         except Exception as err:  # noqa: BLE001
@@ -170,8 +200,11 @@ def main(argv=None):
         stats = dev.memory_stats() if hasattr(dev, "memory_stats") else None
         if stats and "peak_bytes_in_use" in stats:
             r["device_peak_so_far_gib"] = stats["peak_bytes_in_use"] / 2**30
+        profile = r.pop("profile", None)
         results[name] = r
         print(json.dumps({name: r}), flush=True)
+        if profile:
+            print(f"== {name}: device time of {PROFILE_CALLS} calls\n{profile}", flush=True)
     if a.json:
         with open(a.json, "a") as f:
             f.write(json.dumps({**header, "results": results}) + "\n")
@@ -180,15 +213,16 @@ def main(argv=None):
         f"F={base.d_ff}, {a.ep} x {dev.device_kind}"
     )
     print(
-        f"{'path':14s} {'ms':>9s} {'TFLOP/s/dev':>11s} {'dropped':>8s} {'XLA temp GiB':>12s} "
-        f"{'checksum':>10s}"
+        f"{'path':14s} {'ms':>9s} {'queued ms':>9s} {'TFLOP/s/dev':>11s} {'dropped':>8s} "
+        f"{'XLA temp GiB':>12s} {'checksum':>10s}"
     )
     for name, r in results.items():
         if "error" in r:
             print(f"{name:14s} {r['error']}")
         else:
             print(
-                f"{name:14s} {r['ms']:9.2f} {r['tflops_per_device']:11.1f} {r['dropped']:8.4f} "
+                f"{name:14s} {r['ms']:9.2f} {r['queued_ms']:9.2f} {r['tflops_per_device']:11.1f} "
+                f"{r['dropped']:8.4f} "
                 f"{r['xla_temp_gib'] or 0:12.2f} {r['probe_sum']:10.4g}"
             )
 

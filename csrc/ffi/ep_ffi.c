@@ -245,7 +245,7 @@ static XLA_FFI_Error *fan_attrs(ctx c, sl_ep_fan_desc *d) {
 }
 
 static XLA_FFI_Error *fan_out(XLA_FFI_CallFrame *f, int on_cuda) {
-  if (sl_ffi_answer_metadata(f, 0)) return NULL;
+  if (sl_ffi_answer_metadata(f, sl_ffi_graph_traits(on_cuda))) return NULL;
   ctx c = {f, "fan_out"};
   TRY(sl_ffi_check_frame(f, c.op, 2, 4));
   sl_ep_fan_desc d;
@@ -299,7 +299,7 @@ static XLA_FFI_Error *fan_in_common(ctx c, const XLA_FFI_Buffer *ys, const XLA_F
 }
 
 static XLA_FFI_Error *fan_in(XLA_FFI_CallFrame *f, int on_cuda) {
-  if (sl_ffi_answer_metadata(f, 0)) return NULL;
+  if (sl_ffi_answer_metadata(f, sl_ffi_graph_traits(on_cuda))) return NULL;
   ctx c = {f, "fan_in"};
   TRY(sl_ffi_check_frame(f, c.op, 3, 1));
   sl_ep_fan_desc d;
@@ -317,7 +317,7 @@ static XLA_FFI_Error *fan_in(XLA_FFI_CallFrame *f, int on_cuda) {
 /* Attribute with_dw: 1 = operands dout, ys, w, pos, group_sizes -> dys, dw; 0 = dout, w, pos,
  * group_sizes -> dys (weights that need no gradient; ys not read). */
 static XLA_FFI_Error *fan_in_bwd(XLA_FFI_CallFrame *f, int on_cuda) {
-  if (sl_ffi_answer_metadata(f, 0)) return NULL;
+  if (sl_ffi_answer_metadata(f, sl_ffi_graph_traits(on_cuda))) return NULL;
   ctx c = {f, "fan_in_bwd"};
   int64_t with_dw = 1;
   TRY(sl_ffi_int_attr(f, c.op, "with_dw", &with_dw));

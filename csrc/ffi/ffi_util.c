@@ -4,6 +4,12 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../core/internal.h"
+
+uint32_t sl_ffi_graph_traits(int on_cuda) {
+  return on_cuda && !sl_debug_enabled() ? XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE : 0;
+}
+
 int sl_ffi_answer_metadata(XLA_FFI_CallFrame *frame, uint32_t traits) {
   /* XLA_FFI_Extension_Base in jax <= 0.10, XLA_FFI_InternalExtension from 0.11: same leading fields. */
   __typeof__(frame->extension_start) ext = frame->extension_start;

@@ -15,6 +15,12 @@ extern "C" {
 /* If `frame` is XLA's metadata query, answers it (API version, `traits`) and returns 1. */
 int sl_ffi_answer_metadata(XLA_FFI_CallFrame *frame, uint32_t traits);
 
+/* The traits of a handler whose CUDA work is the same device work on every call (sizes stay on the
+ * device): XLA may record it into a command buffer (a CUDA graph) and replay it without calling
+ * the handler. Not on the CPU, and not under SLUICE_DEBUG, whose checks copy device values to the
+ * host and synchronise, which a graph capture forbids. */
+uint32_t sl_ffi_graph_traits(int on_cuda);
+
 /* A new XLA_FFI_Error with a printf-style message. */
 XLA_FFI_Error *sl_ffi_error(const XLA_FFI_CallFrame *frame, XLA_FFI_Error_Code code, const char *fmt,
                             ...)

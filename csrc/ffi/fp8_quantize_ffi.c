@@ -17,7 +17,7 @@ static XLA_FFI_Error *bad(const XLA_FFI_CallFrame *f, const char *what) {
 
 static XLA_FFI_Error *handle(XLA_FFI_CallFrame *f, int on_cuda) {
   const char *op = "quantize_fp8";
-  if (sl_ffi_answer_metadata(f, on_cuda ? XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE : 0))
+  if (sl_ffi_answer_metadata(f, sl_ffi_graph_traits(on_cuda)))
     return NULL;
   if (!on_cuda)
     return sl_ffi_error(f, XLA_FFI_Error_Code_UNIMPLEMENTED,

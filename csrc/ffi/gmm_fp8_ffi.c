@@ -127,8 +127,7 @@ static XLA_FFI_Error *parse(const XLA_FFI_CallFrame *f, int is_tgmm, sl_gmm_desc
 
 static XLA_FFI_Error *handle(XLA_FFI_CallFrame *f, int is_tgmm, int on_cuda) {
   const char *op = is_tgmm ? "tgmm_fp8" : "gmm_fp8";
-  /* The CUDA launch is the same device work every call (sizes stay on the device): graph-safe. */
-  if (sl_ffi_answer_metadata(f, on_cuda ? XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE : 0))
+  if (sl_ffi_answer_metadata(f, sl_ffi_graph_traits(on_cuda)))
     return NULL;
   sl_gmm_desc d;
   XLA_FFI_Error *err = parse(f, is_tgmm, &d);

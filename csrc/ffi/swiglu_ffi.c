@@ -15,8 +15,7 @@ static XLA_FFI_Error *bad(const XLA_FFI_CallFrame *f, const char *op, const char
 
 static XLA_FFI_Error *handle(XLA_FFI_CallFrame *f, int is_bwd, int on_cuda) {
   const char *op = is_bwd ? "swiglu_bwd" : "swiglu";
-  /* Sizes stay on the device: the same launch every call, graph-safe. */
-  if (sl_ffi_answer_metadata(f, on_cuda ? XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE : 0))
+  if (sl_ffi_answer_metadata(f, sl_ffi_graph_traits(on_cuda)))
     return NULL;
   int64_t skip = 0, weighted = 0;
   XLA_FFI_Error *err = sl_ffi_int_attr(f, op, "weighted", &weighted);

@@ -57,7 +57,7 @@ class ExpertMatmul:
 
     def __call__(self, lhs, rhs, group_sizes):
         if not self.sluice:
-            return jax.lax.ragged_dot(lhs, rhs, group_sizes)
+            return jax.lax.ragged_dot(lhs, rhs.astype(lhs.dtype), group_sizes)
         return sluice_gmm(
             lhs, rhs, group_sizes, zero_unused_rows=self.zero_unused_rows, fp8=self.fp8
         )

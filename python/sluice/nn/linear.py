@@ -6,8 +6,8 @@ FP8 grouped GEMM with one group: x flattened to rows ``[T, K]``, w to ``[1, K, N
 ``sluice.gmm(x2d, w2d, [T], fp8=recipe)`` and reshaped back. So the attention projections and the
 dense and shared-expert FFNs quantize as the routed experts do: x and the output's gradient in 1x128
 blocks along the contraction, w in 128x128 blocks, all three matmuls (forward, input gradient,
-weight gradient) in e4m3 with f32 scales and f32 accumulation, the output in x's dtype. The weights
-passed in (the master weights or their compute-dtype copies) are never changed.
+weight gradient) in e4m3 with f32 scales and f32 accumulation, the output in x's dtype. The master
+weights passed in are never changed.
 
 sluice.gmm is an XLA custom call, which XLA's partitioner would run on the whole batch on every
 device: with a ``mesh``, the FP8 matmul runs per shard inside ``shard_map``, the rows split over
@@ -40,11 +40,13 @@ def _fp8_tensordot(x, w, contract, recipe):
 
 def dense(x, w, contract: int = 1, *, fp8: Recipe | None = None, mesh=None, batch_axes=None):
     """``jnp.tensordot(x, w, contract)``: x [B, ..., K...] times w [K..., N...] -> [B, ..., N...]
-    in x's dtype (w must have it too). fp8: None, or a Recipe for sluice's FP8 GEMM (module
-    docstring). mesh: where x's leading dim is split over ``batch_axes`` (default all of the mesh's
-    axes) and w replicated; used by the FP8 path only."""
+    in x's dtype. w: the master weights (any float dtype): cast to x's dtype for XLA's dot; the
+    FP8 path quantizes them as they are, and their gradient comes out of sluice's kernel in their
+    dtype (no cast of either). fp8: None, or a Recipe for sluice's FP8 GEMM (module docstring).
+    mesh: where x's leading dim is split over ``batch_axes`` (default all of the mesh's axes) and w
+    replicated; used by the FP8 path only."""
     if fp8 is None:
-        return jnp.tensordot(x, w, contract)
+        return jnp.tensordot(x, w.astype(x.dtype), contract)
     f = partial(_fp8_tensordot, contract=contract, recipe=fp8)
     if mesh is None or mesh.size == 1:
         return f(x, w)

@@ -209,11 +209,11 @@ class Attention(nnx.Module):
         mm = partial(dense, fp8=self.fp8, mesh=self.mesh)
         # [B, S, 3, H, hd]: the GEMM's own output order (a t-major "tbshk" output cost a transpose
         # each way, ~2.8 ms of a 82 ms dsv3-proxy step on one H200)
-        qkv = mm(x, self.wqkv[...].astype(self.dtype))
+        qkv = mm(x, self.wqkv[...])
         q, k = apply_rope(qkv[:, :, 0], cos, sin), apply_rope(qkv[:, :, 1], cos, sin)
         v = qkv[:, :, 2]
         o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.impl)
-        return mm(o, self.wo[...].astype(self.dtype), 2)
+        return mm(o, self.wo[...], 2)
 
 
 class Block(nnx.Module):

@@ -52,6 +52,16 @@ def _check_common(op, lhs, group_sizes, group_offset, preferred_element_type, pr
     return group_sizes
 
 
+def _check_rhs_dtype(op, lhs, rhs):
+    """rhs in lhs's dtype, or float32 with a bfloat16/float16 lhs (master weights)."""
+    if rhs.dtype == lhs.dtype or (rhs.dtype == jnp.float32 and lhs.dtype.itemsize == 2):
+        return
+    raise TypeError(
+        f"sluice.{op}: rhs dtype {rhs.dtype} with lhs dtype {lhs.dtype}: expected rhs in lhs's "
+        "dtype, or float32 with a bfloat16/float16 lhs"
+    )
+
+
 def _offset_array(group_offset):
     if group_offset is None:
         return jnp.zeros((1,), jnp.int32)
@@ -110,16 +120,21 @@ def _tgmm_call(lhs, rhs, group_sizes, group_offset, num_local_groups, out_dtype)
 # ---- gmm with its VJP ------------------------------------------------------------------------
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def _gmm(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip_unused):
+    """rhs in lhs's dtype, or float32 master weights with a 16-bit lhs: rounded to lhs's dtype
+    for the product, and their gradient computed in float32 by tgmm (see gmm's docstring)."""
+    rhs = rhs.astype(lhs.dtype)
     return _gmm_call(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip_unused)
 
 
 def _gmm_fwd(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip_unused):
-    out = _gmm_call(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip_unused)
-    return out, (lhs, rhs, group_sizes, group_offset)
+    rhs_c = rhs.astype(lhs.dtype)
+    out = _gmm_call(lhs, rhs_c, group_sizes, group_offset, transpose_rhs, out_dtype, skip_unused)
+    # rhs's own dtype rides along as an empty array (the gradient comes out in it)
+    return out, (lhs, rhs_c, group_sizes, group_offset, jnp.zeros((0,), rhs.dtype))
 
 
 def _gmm_bwd(transpose_rhs, out_dtype, skip_unused, res, dout):
-    lhs, rhs, group_sizes, group_offset = res
+    lhs, rhs, group_sizes, group_offset, rhs_dtype = res
     dout = dout.astype(lhs.dtype)
     # d lhs = d out @ rhs[g]^T: the same op with the other orientation of rhs (its rows outside
     # the local groups, whose true gradient is zero, left unwritten too with skip_unused).
@@ -127,10 +142,13 @@ def _gmm_bwd(transpose_rhs, out_dtype, skip_unused, res, dout):
         dout, rhs, group_sizes, group_offset, not transpose_rhs, lhs.dtype, skip_unused
     )
     g_local = rhs.shape[-3]
+    # d rhs in rhs's dtype straight from tgmm's float32 accumulators: float32 master weights get
+    # their gradient without a rounding to 16 bits and a separate cast (on dsv3-proxy's experts
+    # the cast of a bf16 gradient to float32 took as long as a tgmm)
     if transpose_rhs:  # rhs[g] is [N, K]: d rhs[g] = d out[rows]^T @ lhs[rows]
-        drhs = _tgmm_call(dout, lhs, group_sizes, group_offset, g_local, rhs.dtype)
+        drhs = _tgmm_call(dout, lhs, group_sizes, group_offset, g_local, rhs_dtype.dtype)
     else:
-        drhs = _tgmm_call(lhs, dout, group_sizes, group_offset, g_local, rhs.dtype)
+        drhs = _tgmm_call(lhs, dout, group_sizes, group_offset, g_local, rhs_dtype.dtype)
     # The weight gradient is off the backward pass's critical path, and XLA:GPU's scheduler, far
     # from its memory limit, ran every layer's late (just before the optimizer's update), keeping
     # each layer's lhs and dout alive until then: with --remat at EP 2 the step took 34.5 GiB
@@ -162,7 +180,12 @@ def gmm(
 
     Args:
       lhs: [M, K], rows sorted by group. M may be a jax.export symbolic dimension.
-      rhs: [G_local, K, N], or [G_local, N, K] with `transpose_rhs`.
+      rhs: [G_local, K, N], or [G_local, N, K] with `transpose_rhs`, in lhs's dtype, or float32
+        with a bfloat16/float16 lhs (mixed precision with float32 master weights): rhs is then
+        rounded to lhs's dtype for the product (one cast in the forward, the rounded copy saved
+        for d lhs), and its gradient comes out in float32 straight from the kernel's float32
+        accumulators (no rounding to 16 bits, no separate cast). With fp8, rhs is quantized from
+        whichever dtype it has.
       group_sizes: [G] on the device, G >= G_local (static), int32 or any other integer dtype
         (converted: valid sizes exactly, wider values saturate at the int32 bounds).
       group_offset: int (or int32 array of shape () or (1,)): the first global group held in rhs.
@@ -205,8 +228,7 @@ def gmm(
     want = "[G_local, N, K]" if transpose_rhs else "[G_local, K, N]"
     if rhs.ndim != 3:
         raise ShapeError(f"sluice.gmm: rhs must be 3-D {want}, got shape {rhs.shape}")
-    if rhs.dtype != lhs.dtype:
-        raise TypeError(f"sluice.gmm: rhs dtype {rhs.dtype} differs from lhs dtype {lhs.dtype}")
+    _check_rhs_dtype("gmm", lhs, rhs)
     k_rhs = rhs.shape[2] if transpose_rhs else rhs.shape[1]
     if k_rhs != lhs.shape[1]:
         raise ShapeError(

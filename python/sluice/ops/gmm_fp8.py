@@ -305,14 +305,16 @@ def _fwd(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, re
     wq, ws = _quantized_weight(rhs, recipe)
     w_nt, ws_nt = (wq, ws) if transpose_rhs else (_swap(wq), _swap(ws))
     y = _gmm_nt(xq, xs, w_nt, ws_nt, group_sizes, group_offset, _kernel_dtype(out_dtype), skip)
-    return y.astype(out_dtype), (lhs, wq, ws, group_sizes, group_offset)
+    # rhs's own dtype rides along as an empty array (the weight gradient comes out in it)
+    rhs_dtype = jnp.zeros((0,), rhs.dtype)
+    return y.astype(out_dtype), (lhs, wq, ws, group_sizes, group_offset, rhs_dtype)
 
 
 def _bwd(transpose_rhs, out_dtype, skip, recipe, res, dy):
     """dx = gmm(dy by ACT, the saved quantized w, transpose_rhs flipped); dw = tgmm(x, dy), both by
     ACT_T (128-row blocks along the contraction), their rows outside the local groups zeroed
     first. The master weights are never re-quantized here."""
-    lhs, wq, ws, group_sizes, group_offset = res
+    lhs, wq, ws, group_sizes, group_offset, rhs_dtype = res
     p2 = recipe.power_of_two_scales
     g_local = wq.shape[-3]
     dyq, dys = quantize(dy, ACT, power_of_two=p2)
@@ -326,10 +328,11 @@ def _bwd(transpose_rhs, out_dtype, skip, recipe, res, dy):
     x_t, xs_t = quantize_t(lhs, power_of_two=p2, row_range=rows, pad_rows_to=16)
     dy_t, dys_t = quantize_t(dy, power_of_two=p2, row_range=rows, pad_rows_to=16)
     a, a_s, b, b_s = (dy_t, dys_t, x_t, xs_t) if transpose_rhs else (x_t, xs_t, dy_t, dys_t)
-    # sluice.gmm gives lhs and rhs one dtype, so the weight gradient takes lhs's.
-    dw = _tgmm_tn(a, a_s, b, b_s, group_sizes, group_offset, g_local, _kernel_dtype(lhs.dtype))
+    # the weight gradient in rhs's dtype (float32 master weights: straight from the kernel)
+    rhs_dtype = rhs_dtype.dtype
+    dw = _tgmm_tn(a, a_s, b, b_s, group_sizes, group_offset, g_local, _kernel_dtype(rhs_dtype))
     # As in the bf16 gmm's backward: the weight gradient runs before dx is used (see gmm.py).
-    dx, dw = jax.lax.optimization_barrier((dx.astype(lhs.dtype), dw.astype(lhs.dtype)))
+    dx, dw = jax.lax.optimization_barrier((dx.astype(lhs.dtype), dw.astype(rhs_dtype)))
     return match_vma(dx, lhs), match_vma(dw, wq), None, None
 
 

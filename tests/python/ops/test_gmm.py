@@ -226,6 +226,26 @@ def test_deterministic():
     assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_float32_master_weights(transpose_rhs):
+    """A float32 rhs with a bfloat16 lhs: the product and d lhs are those of rhs rounded to
+    bfloat16, bit for bit; d rhs is float32, tgmm's float32 result with no rounding to bfloat16."""
+    m, k, n, gs = 40, 24, 16, jnp.array([7, 0, 21, 8], jnp.int32)
+    lhs = rand((m, k), jnp.bfloat16)
+    rhs = rand((4, n, k) if transpose_rhs else (4, k, n), jnp.float32)
+    dout = rand((m, n), jnp.bfloat16)
+    f = functools.partial(sluice.gmm, group_sizes=gs, transpose_rhs=transpose_rhs)
+    out, vjp = jax.vjp(lambda a, b: f(a, b), lhs, rhs)
+    out16, vjp16 = jax.vjp(lambda a, b: f(a, b), lhs, rhs.astype(jnp.bfloat16))
+    (dlhs, drhs), (dlhs16, _) = vjp(dout), vjp16(dout)
+    assert out.dtype == jnp.bfloat16 and drhs.dtype == jnp.float32
+    assert np.array_equal(np.asarray(out, np.float32), np.asarray(out16, np.float32))
+    assert np.array_equal(np.asarray(dlhs, np.float32), np.asarray(dlhs16, np.float32))
+    a, b = (dout, lhs) if transpose_rhs else (lhs, dout)
+    want = sluice.tgmm(a, b, gs, preferred_element_type=jnp.float32)
+    assert np.array_equal(np.asarray(drhs), np.asarray(want))
+
+
 # ---- bad input ---------------------------------------------------------------------------------
 
 
@@ -239,7 +259,8 @@ def _ok():
         (lambda l, r, s: (l[None], r, s), ValueError, "lhs must be 2-D"),
         (lambda l, r, s: (l, r[0], s), ValueError, "rhs must be 3-D"),
         (lambda l, r, s: (l, r[:, :3], s), ValueError, "contraction dims differ"),
-        (lambda l, r, s: (l, r.astype(jnp.bfloat16), s), TypeError, "differs from lhs dtype"),
+        # a wider rhs only as float32 master weights of a 16-bit lhs
+        (lambda l, r, s: (l, r.astype(jnp.bfloat16), s), TypeError, "rhs dtype bfloat16 with lhs"),
         (lambda l, r, s: (l.astype(jnp.int32), r, s), TypeError, "lhs must be float32"),
         # any integer dtype converts (as ragged_dot takes it: test_ragged_dot_compat.py), floats not
         (lambda l, r, s: (l, r, s.astype(jnp.float32)), TypeError, "group_sizes must be int32"),
