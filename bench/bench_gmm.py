@@ -169,6 +169,16 @@ class ShapeCalls:
             if lib.sl_tgmm_cuda(ctypes.byref(desc), *ptrs, self.ws.data_ptr(), stream) != 0:
                 raise RuntimeError(lib.sl_last_error().decode())
 
+        def sl_gmm_width(tile_n):
+            def call():  # the width holds while the call launches (and while a graph captures it)
+                lib.gmm_set_tile_n(tile_n)
+                try:
+                    sl_gmm()
+                finally:
+                    lib.gmm_set_tile_n(0)
+
+            return call
+
         calls = {
             "sluice_gmm": sl_gmm,
             "torch_grouped_mm": lambda: torch._grouped_mm(x, w, offs=offs),
@@ -176,6 +186,9 @@ class ShapeCalls:
             "sluice_tgmm": sl_tgmm,
             "torch_grouped_mm_wgrad": lambda: torch._grouped_mm(x.t(), dy, offs=offs),
         }
+        if getattr(lib, "gmm_set_tile_n", None) is not None:
+            calls["sluice_gmm_n256"] = sl_gmm_width(256)
+            calls["sluice_gmm_n128"] = sl_gmm_width(128)
         if self.batched:
             calls["cublas_batched"] = lambda: torch.bmm(self.xb, w, out=self.out_b)
             calls["cublas_batched_wgrad"] = lambda: torch.bmm(
@@ -251,6 +264,13 @@ def open_lib(path):
         getattr(lib, f).argtypes = [ctypes.POINTER(GmmDesc)] + [ctypes.c_void_p] * 7
     lib.sl_last_error.restype = ctypes.c_char_p
     lib.sl_gmm_cuda_workspace_size.restype = ctypes.c_size_t
+    # the test build's hook that fixes gmm's sm90 tile width (sluice_cuda::gmm_set_tile_n, a C++
+    # symbol): with it the torch part also times gmm with 256- and 128-column tiles throughout
+    try:
+        lib.gmm_set_tile_n = lib._ZN11sluice_cuda14gmm_set_tile_nEi
+        lib.gmm_set_tile_n.argtypes, lib.gmm_set_tile_n.restype = [ctypes.c_int], None
+    except AttributeError:
+        lib.gmm_set_tile_n = None
     return lib
 
 
@@ -554,6 +574,27 @@ def merge(args):
                 f"| {r['shape']} | {r['dist']} | {fmt(t.get('sluice_gmm'))} | "
                 f"{fmt(t.get('sluice_gmm_jit'))} | {fr(g_kj)} | {fmt(t.get('sluice_tgmm'))} | "
                 f"{fmt(t.get('sluice_tgmm_jit'))} | {fr(t_kj)} |"
+            )
+    if any("sluice_gmm_n128" in r["tflops"] for r in rows):
+        lines += [
+            "",
+            (
+                "gmm's tile widths (gmm_launch.cu's wave model picks 128 columns where 256-wide "
+                "tiles fill the GPU in few waves): each width forced on every case, in the same "
+                "interleaved runs."
+            ),
+            "",
+            "| shape | sizes | 256 cols | 128 cols | chosen | 256/torch | 128/torch | chosen/torch |",
+            "|" + "---|" * 8,
+        ]
+        for r in rows:
+            t = r["tflops"]
+            lines.append(
+                f"| {r['shape']} | {r['dist']} | {fmt(t.get('sluice_gmm_n256'))} | "
+                f"{fmt(t.get('sluice_gmm_n128'))} | {fmt(t.get('sluice_gmm'))} | "
+                f"{fr(ratio(r, 'sluice_gmm_n256', 'torch_grouped_mm'))} | "
+                f"{fr(ratio(r, 'sluice_gmm_n128', 'torch_grouped_mm'))} | "
+                f"{fr(ratio(r, 'sluice_gmm', 'torch_grouped_mm'))} |"
             )
     lines += by_rows_per_group(rows, ratio)
     lines += ["", "| ratio | median | min | max | cases |", "|---|---|---|---|---|"]

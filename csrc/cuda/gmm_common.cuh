@@ -284,15 +284,21 @@ sl_status naive_gmm_launch(const GmmArgs &a, bool tgmm, int num_sms, cudaStream_
 sl_status place_table(const GmmArgs &a, GmmArgs *b, const void *kernel, size_t pipe_bytes, int bm,
                       int tiles_n, int tiles_per_group, int layout, cudaStream_t stream,
                       size_t *smem, const char *who);
+/* gmm's sm90 tiles: 128 x 256 (plain), the same with each group's edge as merged tiles (N-major
+ * rhs, 16-bit output), or 128 x 128 (narrow). */
+enum GmmTiles { kGmmTilesPlain, kGmmTilesMerged, kGmmTilesNarrow };
 /* The sm90 kernels (sm90_gmm_fwd.cu, sm90_gmm_wgrad.cu), for the problems gmm_launch.cu's table
  * gives them: SL_STATUS_UNSUPPORTED (no error set) where a tensor map cannot be encoded, and the
- * caller runs the portable kernel. merged: gmm's merged edge tiles (N-major rhs, 16-bit output). */
-sl_status sm90_gmm_fwd_launch(const GmmArgs &a, bool merged, int num_sms, cudaStream_t stream);
+ * caller runs the portable kernel. */
+sl_status sm90_gmm_fwd_launch(const GmmArgs &a, GmmTiles tiles, int num_sms, cudaStream_t stream);
 sl_status sm90_gmm_wgrad_launch(const GmmArgs &a, int num_sms, cudaStream_t stream);
 
 /* Tests only (tests/gpu/test_gmm.cu): caps the persistent kernels' grid of the public calls at
  * `sms` SMs (0: every SM), so that small problems span many waves of tiles. Not thread-safe. */
 void gmm_set_grid_cap(int sms);
+/* Tests and benchmarks only: gmm's sm90 tile width, 256 or 128 for every problem the sm90 gmm
+ * kernels take (0: gmm_launch.cu's wave model chooses). Not thread-safe. */
+void gmm_set_tile_n(int tile_n);
 /* The current device's compute capability (major) and the SMs a persistent grid takes there (all,
  * or the cap above); found once per device. Compute capability below 8.0 is UNSUPPORTED. */
 sl_status gmm_device(const char *op, int *major, int *sms);

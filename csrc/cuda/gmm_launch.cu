@@ -52,6 +52,8 @@ sl_status current_device(DeviceInfo *info, const char *op) {
 
 /* gmm_set_grid_cap's cap (0: every SM). */
 int g_grid_cap = 0;
+/* gmm_set_tile_n's width (0: the wave model's choice). */
+int g_tile_n = 0;
 int grid_sms(const DeviceInfo &dev) {
   return g_grid_cap > 0 && g_grid_cap < dev.sms ? g_grid_cap : dev.sms;
 }
@@ -62,6 +64,7 @@ enum GmmKernel {
   kNaive,          /* sm80_gmm.cu's naive_kernel: f32 operands */
   kPortable,       /* sm80_gmm.cu: mma.sync from cp.async, any sm_80+ device */
   kSm90GmmPlain,   /* sm90_gmm_fwd.cu: 128x256 tiles, either rhs layout */
+  kSm90GmmNarrow,  /* sm90_gmm_fwd.cu: 128x128 tiles, either rhs layout */
   kSm90GmmMerged,  /* sm90_gmm_fwd.cu: plain tiles, and each group's edge as merged tiles */
   kSm90Tgmm,       /* sm90_gmm_wgrad.cu */
 };
@@ -88,48 +91,76 @@ bool sm90_ok(const GmmArgs &a, bool tgmm, int major) {
  * rows) the plain tiles measured 1.00-1.08x of them. */
 constexpr int kMergeMinK = 2048;
 
+/* gmm's 128 x 128 tiles against 128 x 256 ones: narrow tiles where the wide ones would make fewer
+ * than kNarrowMaxWaves waves on the GPU's SMs, counted from the static shape (M / 128 row tiles
+ * plus half an edge tile per group; the true rows are on the device). Measured on the small-groups
+ * sweep (H200, 196 cases of 16-1024 rows per group, each width forced on every case): narrow tiles
+ * ran 1.03-1.07x the wide ones at the median up to 128 rows per group (up to 1.54x on K 256) and
+ * 0.89-0.97x from 256 rows on; the waves rule picks the faster of the two in all but a few cases
+ * (gmm/torch median 1.18x -> 1.23x, cases below 1.0x 13 -> 4). A wave model of the last wave's
+ * idle SMs alone explained less: under one wave of wide tiles, narrow ones still ran 1.2-1.3x. */
+constexpr double kNarrowMaxWaves = 4.0;
+bool narrow_tiles_pay(const GmmArgs &a, int sms) {
+  if (g_tile_n != 0) return g_tile_n == 128;
+  const double row_tiles = a.m / 128.0 + 0.5 * a.num_local_groups;
+  return row_tiles * ((a.n + 255) / 256) < kNarrowMaxWaves * sms;
+}
+
 struct Route {
   GmmKernel kernel;
-  bool (*applies)(const GmmArgs &a, bool tgmm, int major);
+  bool (*applies)(const GmmArgs &a, bool tgmm, int major, int sms);
   const char *why;
 };
 /* The first row that applies runs the problem. */
 const Route kRoutes[] = {
-    {kNaive, [](const GmmArgs &a, bool, int) { return a.in_dtype == SL_DTYPE_F32; },
+    {kNaive, [](const GmmArgs &a, bool, int, int) { return a.in_dtype == SL_DTYPE_F32; },
      "f32 operands: no tensor-core path, a plain f32 loop"},
     {kSm90Tgmm,
-     [](const GmmArgs &a, bool tgmm, int major) {
+     [](const GmmArgs &a, bool tgmm, int major, int) {
        return tgmm && sm90_ok(a, tgmm, major) && a.k % 64 == 0 && a.n % 64 == 0;
      },
      "sm_90 tgmm: TMA copies of 64-wide column blocks of lhs and rhs (K, N % 64)"},
+    {kSm90GmmNarrow,
+     [](const GmmArgs &a, bool tgmm, int major, int sms) {
+       return !tgmm && sm90_ok(a, tgmm, major) && (a.transpose_rhs || a.n % 64 == 0) &&
+              narrow_tiles_pay(a, sms);
+     },
+     "sm_90 gmm whose 128x256 tiles fill the GPU in too few waves: 128x128 tiles"},
     {kSm90GmmMerged,
-     [](const GmmArgs &a, bool tgmm, int major) {
+     [](const GmmArgs &a, bool tgmm, int major, int) {
        return !tgmm && sm90_ok(a, tgmm, major) && !a.transpose_rhs && a.n % 64 == 0 &&
               a.out_dtype != SL_DTYPE_F32 && a.k >= kMergeMinK;
      },
      "sm_90 gmm, N-major rhs, 16-bit out, K >= 2048: merged edge tiles (+0.3..+1.9%)"},
     {kSm90GmmPlain,
-     [](const GmmArgs &a, bool tgmm, int major) {
+     [](const GmmArgs &a, bool tgmm, int major, int) {
        return !tgmm && sm90_ok(a, tgmm, major) && (a.transpose_rhs || a.n % 64 == 0);
      },
      "sm_90 gmm: an N-major rhs loads as one TMA copy of 64-wide column blocks (N % 64)"},
-    {kPortable, [](const GmmArgs &, bool, int) { return true; },
+    {kPortable, [](const GmmArgs &, bool, int, int) { return true; },
      "everything else (sm_80+, ragged N or K, outputs TMA cannot store): mma.sync"},
 };
 
-GmmKernel route(const GmmArgs &a, bool tgmm, int major) {
+GmmKernel route(const GmmArgs &a, bool tgmm, int major, int sms) {
   for (const Route &r : kRoutes)
-    if (r.applies(a, tgmm, major)) return r.kernel;
+    if (r.applies(a, tgmm, major, sms)) return r.kernel;
   return kPortable;
 }
 
 sl_status launch(const GmmArgs &a, bool tgmm, int major, int sms, cudaStream_t stream) {
   sl_status st = SL_STATUS_UNSUPPORTED;
-  switch (route(a, tgmm, major)) {
+  switch (route(a, tgmm, major, sms)) {
     case kNaive: return sluice_cuda::naive_gmm_launch(a, tgmm, sms, stream);
     case kSm90Tgmm: st = sluice_cuda::sm90_gmm_wgrad_launch(a, sms, stream); break;
-    case kSm90GmmMerged: st = sluice_cuda::sm90_gmm_fwd_launch(a, true, sms, stream); break;
-    case kSm90GmmPlain: st = sluice_cuda::sm90_gmm_fwd_launch(a, false, sms, stream); break;
+    case kSm90GmmNarrow:
+      st = sluice_cuda::sm90_gmm_fwd_launch(a, sluice_cuda::kGmmTilesNarrow, sms, stream);
+      break;
+    case kSm90GmmMerged:
+      st = sluice_cuda::sm90_gmm_fwd_launch(a, sluice_cuda::kGmmTilesMerged, sms, stream);
+      break;
+    case kSm90GmmPlain:
+      st = sluice_cuda::sm90_gmm_fwd_launch(a, sluice_cuda::kGmmTilesPlain, sms, stream);
+      break;
     case kPortable: break;
   }
   /* (an sm90 kernel whose tensor maps could not be encoded: the portable one) */
@@ -251,6 +282,7 @@ sl_status run(const char *op, bool tgmm, const sl_gmm_desc *d, const void *lhs, 
 
 namespace sluice_cuda {
 void gmm_set_grid_cap(int sms) { g_grid_cap = sms > 0 ? sms : 0; }
+void gmm_set_tile_n(int tile_n) { g_tile_n = tile_n == 128 || tile_n == 256 ? tile_n : 0; }
 sl_status gmm_device(const char *op, int *major, int *sms) {
   DeviceInfo dev;
   sl_status st = current_device(&dev, op);

@@ -225,6 +225,14 @@ __device__ __forceinline__ void fence_operands(float (&d)[128]) {
 SL_WGMMA_FN(wgmma_m64n256k16_bf16, "m64n256k16", "bf16", 128)
 SL_WGMMA_FN(wgmma_m64n256k16_f16, "m64n256k16", "f16", 128)
 
+/* gmm's narrow tiles: m64n128k16, the first 64 registers of the list. */
+#define SL_WGMMA_REGS64 "{" SL_WGMMA_REGS_LO "}"
+#define SL_WGMMA_ACC64(d) SL_WGMMA_ACC_LO(d)
+#define SL_WGMMA_PRE64 "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
+#define SL_WGMMA_POST64 ", %64, %65, p, 1, 1, %66, %67;\n}\n"
+SL_WGMMA_FN(wgmma_m64n128k16_bf16, "m64n128k16", "bf16", 64)
+SL_WGMMA_FN(wgmma_m64n128k16_f16, "m64n128k16", "f16", 64)
+
 /* The narrower accumulators of gmm's merged tiles (m64nNk16, N = 160, 192: N / 2
  * registers): the 128-register lists cut at 80 and 96. */
 #define SL_WGMMA_REGS_64_80 "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79"
@@ -248,14 +256,21 @@ SL_WGMMA_FN(wgmma_m64n160k16_f16, "m64n160k16", "f16", 80)
 SL_WGMMA_FN(wgmma_m64n192k16_bf16, "m64n192k16", "bf16", 96)
 SL_WGMMA_FN(wgmma_m64n192k16_f16, "m64n192k16", "f16", 96)
 
-/* D (f32) += A * B, m64n256k16 in the input type T. */
-template <typename T, int TA, int TB>
+/* D (f32) += A * B, m64nNk16 in the input type T, N = 256 (all 128 accumulators) or 128 (the
+ * first 64). */
+template <typename T, int TA, int TB, int N = 256>
 __device__ __forceinline__ void wgmma_tile(float (&acc)[128], uint64_t da, uint64_t db,
                                            int scale_d = 1) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value)
-    wgmma_m64n256k16_bf16<TA, TB>(acc, da, db, scale_d);
-  else
-    wgmma_m64n256k16_f16<TA, TB>(acc, da, db, scale_d);
+  constexpr bool BF = std::is_same<T, __nv_bfloat16>::value;
+  if constexpr (N == 256) {
+    if constexpr (BF) wgmma_m64n256k16_bf16<TA, TB>(acc, da, db, scale_d);
+    else wgmma_m64n256k16_f16<TA, TB>(acc, da, db, scale_d);
+  } else {
+    static_assert(N == 128, "wgmma_tile: N is 256 or 128");
+    float(&d)[64] = *reinterpret_cast<float(*)[64]>(&acc[0]);
+    if constexpr (BF) wgmma_m64n128k16_bf16<TA, TB>(d, da, db, scale_d);
+    else wgmma_m64n128k16_f16<TA, TB>(d, da, db, scale_d);
+  }
 }
 
 /* The four 8x8 fragments of an stmatrix.x4 from column groups i, i+1 of an accumulator: matrix m

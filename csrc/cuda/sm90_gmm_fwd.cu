@@ -1,7 +1,9 @@
 /* Hopper (sm_90a) forward grouped GEMM, out[rows of g] = lhs[rows of g] @ rhs[g], on the
  * persistent pipeline of sm90_gmm_pipeline.cuh.
  *
- * A tile is (group j, 128 rows of j, 256 columns), in k-blocks of 64 K columns, 3 stages of 48 KB.
+ * A tile is (group j, 128 rows of j, 256 columns), in k-blocks of 64 K columns, 3 stages of 48 KB;
+ * narrow tiles (TILE_N 128, for problems of few tiles: gmm_launch.cu) take 128 columns in 4 stages
+ * of 32 KB.
  * A = lhs rows (K-major, one 64x128 box); B = rhs[j], N-major through a 4-d view {64, K, N/64,
  * G_local} whose box {64, 64, 4, 1} lands as four 128B-swizzled 64x64 boxes in one TMA copy (needs
  * N % 64 == 0), or K-major ([G_local, N, K], transpose_rhs) as one 64x256 box. A tile may load rows
@@ -74,10 +76,15 @@ __device__ __forceinline__ void stage_tok_stsm(const float (&acc)[128], uint32_t
 #endif /* SLUICE_SM90A_DEVICE */
 
 /* The forward op of the persistent kernel: T the input type, TRANS_B a K-major rhs, MERGED the
- * merged edge tiles (N-major rhs, 16-bit output). */
-template <typename T, bool TRANS_B, bool MERGED>
-struct GmmFwd : PipelineShape<64, 3> {
+ * merged edge tiles (N-major rhs, 16-bit output), TILE_N the tile's columns: 256, or 128 (narrow
+ * tiles, each warpgroup m64n128; their 32 KB stages leave room for 4) where 256-wide tiles would
+ * fill the GPU in too few waves (gmm_launch.cu). */
+template <typename T, bool TRANS_B, bool MERGED, int TILE_N = BN>
+struct GmmFwd : PipelineShape<64, TILE_N == BN ? 3 : 4, TILE_N> {
+  using Shape = PipelineShape<64, TILE_N == BN ? 3 : 4, TILE_N>;
+  using Shape::kBlockRows, Shape::kBN, Shape::kInBox, Shape::kStageBytes, Shape::kStages;
   static_assert(!MERGED || !TRANS_B, "merged tiles read an N-major rhs");
+  static_assert(!MERGED || TILE_N == BN, "merged tiles are 256 columns wide");
   static constexpr bool kWgrad = false, kMerged = MERGED;
   static constexpr int kTableRows = BM, kTableLayout = MERGED ? kTilesMerged : kTilesPlain;
 
@@ -133,7 +140,7 @@ struct GmmFwd : PipelineShape<64, 3> {
     }
     d.m0 = gs + mt * BM;
     d.nk = (a.k + kBlockRows - 1) / kBlockRows;
-    d.n0 = nt * BN;
+    d.n0 = nt * kBN;
   }
 
   static __device__ __forceinline__ void load_block(const CUtensorMap &map_a,
@@ -268,7 +275,7 @@ struct GmmFwd : PipelineShape<64, 3> {
         const uint64_t da = make_desc(sa + cw * 64 * 128 + kk * 32, 16, 1024);
         const uint64_t db = TRANS_B ? make_desc(sb + kk * 32, 16, 1024)
                                     : make_desc(sb + kk * 2048, BOX_BYTES, 1024);
-        wgmma_tile<T, 0, TRANS_B ? 0 : 1>(acc, da, db, kk == 0 ? sd0 : 1);
+        wgmma_tile<T, 0, TRANS_B ? 0 : 1, kBN>(acc, da, db, kk == 0 ? sd0 : 1);
       }
       sd0 = 1;
       wgmma_commit();
@@ -296,14 +303,15 @@ struct GmmFwd : PipelineShape<64, 3> {
   static __device__ __forceinline__ void store_partial(const GmmArgs &a, const Tile &d,
                                                        const float (&acc)[128], int cw, int warp,
                                                        int lane) {
-    store_half_regs(acc, a.out, a.out_dtype, a.n, d.m0 + cw * 64, d.n0, d.ge, warp, lane);
+    const auto &an = *reinterpret_cast<const float(*)[kBN / 2]>(&acc[0]);
+    store_half_regs(an, a.out, a.out_dtype, a.n, d.m0 + cw * 64, d.n0, d.ge, warp, lane);
   }
 #endif /* SLUICE_SM90A_DEVICE */
 };
 
-template <typename T, bool TRANS_B, bool MERGED>
+template <typename T, bool TRANS_B, bool MERGED, int TILE_N = BN>
 static sl_status launch_fwd(const GmmArgs &a, int num_sms, cudaStream_t stream) {
-  using Op = GmmFwd<T, TRANS_B, MERGED>;
+  using Op = GmmFwd<T, TRANS_B, MERGED, TILE_N>;
   /* maps: a, b, c (box by box), a2 and b2 (merged tiles: 192 rows of lhs, 128 columns of rhs;
    * otherwise copies of a and b), cf (a warpgroup's boxes in one store) */
   CUtensorMap m[6];
@@ -314,36 +322,40 @@ static sl_status launch_fwd(const GmmArgs &a, int num_sms, cudaStream_t stream) 
   if (MERGED) ok = ok && make_map(&m[3], a.lhs, a.in_dtype, 2, da, sa, boxa192);
   if (TRANS_B) {
     const uint64_t db[3] = {K, N, GL}, sb[2] = {K * 2, N * K * 2};
-    const uint32_t boxb[3] = {64, (uint32_t)BN, 1};
+    const uint32_t boxb[3] = {64, (uint32_t)TILE_N, 1};
     ok = ok && make_map(&m[1], a.rhs, a.in_dtype, 3, db, sb, boxb);
   } else {
     /* rhs [G, K, N] as {64, K, N/64, G} (N % 64 == 0: gmm_launch.cu) */
     const uint64_t db[4] = {64, K, N / 64, GL}, sb[3] = {N * 2, 128, K * N * 2};
-    const uint32_t boxb[4] = {64, 64, 4, 1}, boxb2[4] = {64, 64, 2, 1};
+    const uint32_t boxb[4] = {64, 64, TILE_N / 64, 1}, boxb2[4] = {64, 64, 2, 1};
     ok = ok && make_map(&m[1], a.rhs, a.in_dtype, 4, db, sb, boxb);
     if (MERGED) ok = ok && make_map(&m[4], a.rhs, a.in_dtype, 4, db, sb, boxb2);
   }
   bool per_box;
-  ok = ok && make_out_maps(a, false, MERGED, &m[2], &m[5], &per_box);
+  ok = ok && make_out_maps(a, false, MERGED, TILE_N, &m[2], &m[5], &per_box);
   if (!ok) return SL_STATUS_UNSUPPORTED; /* the caller runs the portable kernel */
   if (!MERGED) m[3] = m[0], m[4] = m[1];
   return launch_persistent((const void *)gmm_persistent_kernel<Op>, Op::kPipeBytes, Op::kTableRows,
-                           Op::kTableLayout, a, per_box, m, num_sms, stream, "gmm (sm90)");
+                           Op::kTableLayout, TILE_N, a, per_box, m, num_sms, stream, "gmm (sm90)");
 }
 
 template <typename T>
-static sl_status launch_fwd_t(const GmmArgs &a, bool merged, int num_sms, cudaStream_t stream) {
+static sl_status launch_fwd_t(const GmmArgs &a, GmmTiles tiles, int num_sms, cudaStream_t stream) {
+  if (tiles == kGmmTilesNarrow)
+    return a.transpose_rhs ? launch_fwd<T, true, false, 128>(a, num_sms, stream)
+                           : launch_fwd<T, false, false, 128>(a, num_sms, stream);
   if (a.transpose_rhs) return launch_fwd<T, true, false>(a, num_sms, stream);
-  return merged ? launch_fwd<T, false, true>(a, num_sms, stream)
-                : launch_fwd<T, false, false>(a, num_sms, stream);
+  return tiles == kGmmTilesMerged ? launch_fwd<T, false, true>(a, num_sms, stream)
+                                  : launch_fwd<T, false, false>(a, num_sms, stream);
 }
 
 } /* namespace sm90 */
 
-sl_status sm90_gmm_fwd_launch(const GmmArgs &a, bool merged, int num_sms, cudaStream_t stream) {
+sl_status sm90_gmm_fwd_launch(const GmmArgs &a, GmmTiles tiles, int num_sms,
+                              cudaStream_t stream) {
   if (a.in_dtype == SL_DTYPE_BF16)
-    return sm90::launch_fwd_t<__nv_bfloat16>(a, merged, num_sms, stream);
-  return sm90::launch_fwd_t<__half>(a, merged, num_sms, stream);
+    return sm90::launch_fwd_t<__nv_bfloat16>(a, tiles, num_sms, stream);
+  return sm90::launch_fwd_t<__half>(a, tiles, num_sms, stream);
 }
 
 } /* namespace sluice_cuda */

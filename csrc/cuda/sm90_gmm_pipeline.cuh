@@ -7,7 +7,8 @@
  * One persistent CTA per SM, 3 warpgroups: warpgroup 0 produces (one thread issues the TMA loads;
  * in tgmm, warps 1-3 zero rows past a group's end), warpgroups 1 and 2 consume. Every CTA builds
  * the group table from the device's group_sizes at entry (gmm_common.cuh), so no tile mixes groups.
- * The consumers share each 128x256 tile cooperatively, 64 rows each (m64n256k16), keep one k-block
+ * The consumers share each 128 x Op::kBN tile cooperatively (kBN 256, or 128 for gmm's narrow
+ * tiles), 64 rows each (m64n256k16 or m64n128k16), keep one k-block
  * of wgmmas in flight (wait_group 1: a stage goes back one block later), and stage the epilogue in
  * shared memory (128B-swizzled, by stmatrix) for TMA bulk stores that overlap the next tile's
  * mainloop.
@@ -24,7 +25,7 @@
  * taken from the ring while the last k-block drains, and a tile's first wgmma runs with
  * scale_d = 0 instead of on zeroed accumulators.
  *
- * Shared memory: Op::kStages stages of A (2 boxes of 64 x kBlockRows) and B (4 such boxes),
+ * Shared memory: Op::kStages stages of A (2 boxes of 64 x kBlockRows) and B (kBN / 64 such boxes),
  * 128B-swizzled and 1024-byte aligned; the 128x256 16-bit output tile for the TMA store (64 KB);
  * the barriers; the ring; then the group table when it fits (place_table). */
 #ifndef SLUICE_CUDA_SM90_GMM_PIPELINE_CUH_
@@ -43,18 +44,20 @@
 namespace sluice_cuda {
 namespace sm90 {
 
-constexpr int BM = 128, BN = 256, THREADS = 384;
+constexpr int BM = 128, BN = 256, THREADS = 384; /* BN: the widest tile (an Op's kBN may be less) */
 constexpr int BOX_BYTES = 64 * 64 * 2; /* one 64x64 swizzled 16-bit box */
 constexpr int C_BYTES = BM * BN * 2;   /* the 16-bit output tile staged for the TMA store */
 constexpr int RING = 4;                /* decoded tiles in flight from the producer to the others */
 
 /* The pipeline's shape: k-blocks of BLOCK_ROWS (gmm: K columns; tgmm: contraction rows) in STAGES
- * stages. */
-template <int BLOCK_ROWS, int STAGES>
+ * stages, tiles of BM x TILE_N (256, or 128 for gmm's narrow tiles). */
+template <int BLOCK_ROWS, int STAGES, int TILE_N = BN>
 struct PipelineShape {
-  static constexpr int kBlockRows = BLOCK_ROWS, kStages = STAGES;
-  static constexpr int kInBox = 64 * BLOCK_ROWS * 2;             /* one 64-wide input box */
-  static constexpr int kStageBytes = (BM + BN) * BLOCK_ROWS * 2; /* 2 A boxes, 4 B boxes */
+  static_assert(TILE_N == 256 || TILE_N == 128, "tiles are 256 or 128 columns wide");
+  static constexpr int kBlockRows = BLOCK_ROWS, kStages = STAGES, kBN = TILE_N;
+  static constexpr int kInBox = 64 * BLOCK_ROWS * 2; /* one 64-wide input box */
+  /* 2 A boxes, kBN / 64 B boxes */
+  static constexpr int kStageBytes = (BM + TILE_N) * BLOCK_ROWS * 2;
   static constexpr size_t kPipeBytes = 1024 /* alignment slack */ + (size_t)STAGES * kStageBytes +
                                        C_BYTES + 4 * STAGES * 8 +
                                        RING * (8 + 8 + 32) /* two barriers, a Tile a slot */;
@@ -135,7 +138,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const uint32_t tfull0 = issued0 + STAGES * 8, tempty0 = tfull0 + RING * 8, ring0 = tempty0 + RING * 8;
 
   /* units of work per group: tiles (tgmm: tiles_k x tiles_n of out[j] each) */
-  const int tiles_n = (a.n + BN - 1) / BN, tiles_k = (a.k + BM - 1) / BM;
+  const int tiles_n = (a.n + Op::kBN - 1) / Op::kBN, tiles_k = (a.k + BM - 1) / BM;
   int *tab = a.table;
   if (tab == nullptr) {
     tab = reinterpret_cast<int *>(smem_raw + Op::kPipeBytes);
@@ -298,17 +301,19 @@ __global__ void __launch_bounds__(THREADS, 1)
             constexpr int P = decltype(p_c)::value;
             constexpr bool F32 = decltype(f32_c)::value;
             constexpr int NP = F32 ? 2 : 1; /* passes */
-            constexpr int PCOLS = BN / NP, BOXC = F32 ? 32 : 64, NBOX = PCOLS / BOXC;
+            constexpr int PCOLS = Op::kBN / NP, BOXC = F32 ? 32 : 64, NBOX = PCOLS / BOXC;
             constexpr int C0 = P * PCOLS / 8; /* the pass's first 8-column group */
             if (lt == 0) bulk_wait_read0(); /* the previous store has read the staging buffer */
             named_bar(2 + cw, 128);
             if constexpr (F32) {
               stage_f32<C0, C0 + PCOLS / 8, BOX_BYTES>(acc, cbase, c.warp, c.lane);
             } else {
+              /* a kBN-wide tile's accumulators: the first kBN / 2 */
+              const auto &an = *reinterpret_cast<const float(*)[Op::kBN / 2]>(&acc[0]);
               if (a.out_dtype == SL_DTYPE_BF16)
-                stage_half_stsm<__nv_bfloat16, 128, BOX_BYTES>(acc, cbase, c.warp, c.lane);
+                stage_half_stsm<__nv_bfloat16, Op::kBN / 2, BOX_BYTES>(an, cbase, c.warp, c.lane);
               else
-                stage_half_stsm<__half, 128, BOX_BYTES>(acc, cbase, c.warp, c.lane);
+                stage_half_stsm<__half, Op::kBN / 2, BOX_BYTES>(an, cbase, c.warp, c.lane);
             }
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             named_bar(2 + cw, 128);
@@ -385,18 +390,18 @@ inline bool make_map(CUtensorMap *map, const void *ptr, sl_dtype dt, int rank, c
 }
 
 /* The staged output's maps: boxes of 128 bytes x 64 rows (64 16-bit or 32 f32 columns), stored
- * box by box through *box_map, or a warpgroup's 4 boxes in one store through *fused_map, the
+ * box by box through *box_map, or a warpgroup's tile_n / 64 boxes in one store through *fused_map, the
  * output viewed with its columns split into blocks of a box's width ({BOXC, rows, N/BOXC[, G]}),
  * which needs N to be a multiple of that width (*per_box says which one the kernel uses). tgmm's
  * maps have the group as one more dimension; gmm's merged tiles always store box by box
  * (need_box). */
-inline bool make_out_maps(const GmmArgs &a, bool tgmm, bool need_box, CUtensorMap *box_map,
-                          CUtensorMap *fused_map, bool *per_box) {
+inline bool make_out_maps(const GmmArgs &a, bool tgmm, bool need_box, int tile_n,
+                          CUtensorMap *box_map, CUtensorMap *fused_map, bool *per_box) {
   memset(box_map, 0, sizeof *box_map);
   memset(fused_map, 0, sizeof *fused_map);
   const uint64_t M = a.m, K = a.k, N = a.n, GL = a.num_local_groups;
   const uint64_t ob = dtype_bytes(a.out_dtype), boxc = 128 / ob;
-  const uint32_t box_c[3] = {(uint32_t)boxc, 64, 1}, box_cf[4] = {(uint32_t)boxc, 64, 4, 1};
+  const uint32_t box_c[3] = {(uint32_t)boxc, 64, 1}, box_cf[4] = {(uint32_t)boxc, 64, (uint32_t)tile_n / 64, 1};
   *per_box = N % boxc != 0;
   bool ok = true;
   if (tgmm) {
@@ -417,14 +422,14 @@ inline bool make_out_maps(const GmmArgs &a, bool tgmm, bool need_box, CUtensorMa
  * table_rows and layout as build_group_table's), and launches `kernel` (a gmm_persistent_kernel)
  * on `grid` CTAs with the six maps (a, b, c, a2, b2, cf). */
 inline sl_status launch_persistent(const void *kernel, size_t pipe_bytes, int table_rows,
-                                   int layout, const GmmArgs &a, bool per_box,
+                                   int layout, int tile_n, const GmmArgs &a, bool per_box,
                                    const CUtensorMap (&maps)[6], long long grid,
                                    cudaStream_t stream, const char *who) {
   cudaError_t err = cudaMemsetAsync(a.counter, 0, sizeof(int), stream);
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: tile counter: %s", who,
                         cudaGetErrorString(err));
-  const int tiles_n = (a.n + BN - 1) / BN, tiles_k = (a.k + BM - 1) / BM;
+  const int tiles_n = (a.n + tile_n - 1) / tile_n, tiles_k = (a.k + BM - 1) / BM;
   GmmArgs b;
   size_t smem;
   sl_status st = place_table(a, &b, kernel, pipe_bytes, table_rows, tiles_n, tiles_k * tiles_n,

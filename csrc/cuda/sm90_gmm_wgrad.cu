@@ -195,13 +195,14 @@ static sl_status launch_wgrad(const GmmArgs &a, int num_sms, cudaStream_t stream
   bool per_box;
   const bool ok = make_map(&m[0], a.lhs, a.in_dtype, 3, da, sa, box_a) &&
                   make_map(&m[1], a.rhs, a.in_dtype, 3, db, sb, box_b) &&
-                  make_out_maps(a, true, false, &m[2], &m[5], &per_box);
+                  make_out_maps(a, true, false, Op::kBN, &m[2], &m[5], &per_box);
   if (!ok) return SL_STATUS_UNSUPPORTED; /* the caller runs the portable kernel */
   m[3] = m[0], m[4] = m[1];
   /* a grid no larger than the tiles */
   const long long units = (long long)a.num_local_groups * ((a.k + BM - 1) / BM) * ((a.n + BN - 1) / BN);
   return launch_persistent((const void *)gmm_persistent_kernel<Op>, Op::kPipeBytes, Op::kTableRows,
-                           Op::kTableLayout, a, per_box, m, units > num_sms ? num_sms : units,
+                           Op::kTableLayout, Op::kBN, a, per_box, m,
+                           units > num_sms ? num_sms : units,
                            stream, "tgmm (sm90)");
 }
 

@@ -2,7 +2,8 @@
 # One command for the GPU test suite on a GPU machine: build (tests/gpu/build.sh), then
 #   1. every case plain (public API and the portable kernel, against a float64 reference)
 #   2. compute-sanitizer memcheck, racecheck, synccheck and initcheck on a covering subset (--quick);
-#      then step 1 and memcheck again on 3 SMs (--sms 3: many waves of tiles)
+#      then step 1 and memcheck again on 3 SMs (--sms 3: many waves of tiles); gmm's 128-column
+#      tiles on every case (--tile-n 128), plain, on 3 SMs, under memcheck and racecheck
 #   3. SLUICE_DEBUG=1: bad device sizes must come back as SL_STATUS_INVALID_VALUE
 #   4. test_wait_bound: an mbarrier wait that never completes ends the launch instead of hanging it
 #   5. the FP8 kernels: test_gmm_fp8 plain, under memcheck and racecheck, on 3 SMs; the quantization
@@ -34,6 +35,11 @@ step initcheck compute-sanitizer --tool initcheck --error-exitcode 3 "$BUILD/tes
 # on 3 SMs every case spans many waves: gmm's stride-ordered tiles and its claimed last waves
 step fewsms "$BUILD/test_gmm" --sms 3
 step memcheck-fewsms compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_gmm" --quick --sms 3
+# gmm's narrow (128-column) tiles on every case, as the wave model gives them to few-wave problems
+step narrow "$BUILD/test_gmm" --tile-n 128
+step narrow-fewsms "$BUILD/test_gmm" --tile-n 128 --sms 3
+step narrow-memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_gmm" --quick --tile-n 128
+step narrow-racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "$BUILD/test_gmm" --quick --tile-n 128
 step debug env SLUICE_DEBUG=1 "$BUILD/test_gmm" --debug
 step fp8 "$BUILD/test_gmm_fp8"
 step fp8-memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_gmm_fp8" --quick

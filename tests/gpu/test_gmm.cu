@@ -2,10 +2,12 @@
  *
  *   tests/gpu/run.sh            builds this and runs it plain, under compute-sanitizer, on 3 SMs
  *                               and with SLUICE_DEBUG=1.
- *   ./test_gmm [--quick] [--debug] [--sms N]
+ *   ./test_gmm [--quick] [--debug] [--sms N] [--tile-n 128|256]
  *
  * --sms N caps the kernels' grid at N SMs (gmm_set_grid_cap, an internal hook), so that every
  * case spans many waves of tiles: gmm's strided tiles and its claimed last waves, tgmm's claims.
+ * --tile-n gives every sm_90 gmm case tiles of that width (gmm_set_tile_n; by default the wave
+ * model picks 128 for few-wave problems only), so either width meets every case.
  * The cases cover each kernel of gmm_launch.cu's table on sm_90 (gmm plain with either rhs
  * layout, gmm merged at K >= 2048, tgmm) and each problem it sends to the portable kernel
  * (N % 64 != 0, tgmm K % 64 != 0, outputs the staged TMA store cannot take, K or N not a multiple
@@ -281,6 +283,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[i], "--quick")) quick = true;
     if (!strcmp(argv[i], "--debug")) debug = true;
     if (!strcmp(argv[i], "--sms") && i + 1 < argc) sluice_cuda::gmm_set_grid_cap(atoi(argv[++i]));
+    if (!strcmp(argv[i], "--tile-n") && i + 1 < argc) sluice_cuda::gmm_set_tile_n(atoi(argv[++i]));
   }
   cudaDeviceProp prop;
   CUDA_OK(cudaGetDeviceProperties(&prop, 0));
