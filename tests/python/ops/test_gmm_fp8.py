@@ -325,6 +325,29 @@ def test_fp8_gmm_bf16_vmap_and_grad():
         assert rel_err(a[0], c) < 1e-2
 
 
+def test_fp8_gmm_float32_master_weights():
+    """bf16 activations with float32 master weights: the weights are quantized from float32, and
+    their gradient comes out in float32, the same float32 sums whose bf16 rounding the bf16-weight
+    path returns (d w depends on x and dy alone)."""
+    m, k, n, g = 60, 128, 48, 3
+    gs = groups(55, g)
+    x, dy = rand((m, k), jnp.bfloat16), rand((m, n), jnp.bfloat16)
+    w = rand((g, k, n))
+
+    def vjp(w):
+        f = functools.partial(sluice.gmm, group_sizes=gs, fp8=fp8.Recipe())
+        y, back = jax.vjp(f, x, w)
+        return (y, *back(dy))
+
+    y, dx, dw = jax.jit(vjp)(w)
+    y16, dx16, dw16 = jax.jit(vjp)(w.astype(jnp.bfloat16))
+    assert y.dtype == dx.dtype == jnp.bfloat16 and dw.dtype == F32 and dw16.dtype == jnp.bfloat16
+    assert np.array_equal(np.asarray(dw.astype(jnp.bfloat16), F32), np.asarray(dw16, F32))
+    wq, ws = fp8.quantize_weight(w)
+    want = gmm_ref(*fp8.quantize_act(x), wq, ws, gs, preferred_element_type=F32)
+    assert rel_err(y.astype(F32), want) < 1e-2
+
+
 def test_fp8_gmm_unused_rows_never_reach_the_weight_gradient():
     """Rows past the groups may hold anything (an expert block's unused rows): NaN there leaves
     out's and the gradients' group rows finite (the weight gradient's 128-row blocks are
