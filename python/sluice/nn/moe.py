@@ -395,11 +395,13 @@ class MoE(nnx.Module):
     def __call__(self, x):
         cfg = self.cfg
         fsdp = self.mesh is not None and cfg.fsdp and self.mesh.shape[self.data_axis] > 1
-        # sluice.gmm takes the master weights as they are and rounds them for the product itself,
-        # so their gradient comes out of its weight-gradient kernel in the master dtype (no
-        # rounding to the compute dtype, no separate cast: on dsv3-proxy at 2k tokens that cast
-        # was a quarter of the layer's device time). The other paths, and FSDP's all-gather (half
-        # the bytes in the compute dtype), take them cast.
+        # sluice.gmm takes float32 master weights as they are and rounds them for the product
+        # itself, so their gradient comes out of its weight-gradient kernel in float32 (no rounding
+        # to the compute dtype, no separate cast: on dsv3-proxy at 2k tokens that cast was a
+        # quarter of the layer's device time). The other paths, and FSDP's all-gather (half the
+        # bytes in the compute dtype), take them cast. (sluice-train's step passes the layer the
+        # optimizer's compute-dtype copies instead, training.step.compute_copies: then neither
+        # cast happens here.)
         master = cfg.impl == "sluice" and cfg.use_sluice_gmm and not fsdp
         wi, wo = self.wi[...], self.wo[...]
         if not master:
