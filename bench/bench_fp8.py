@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import datetime
 import json
 import os
 import statistics
@@ -28,26 +27,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_gmm import SL_DTYPE_BF16, GmmDesc, time_cuda
+from bench_gmm import SL_DTYPE_BF16, GmmDesc, QuantDesc, time_cuda, torch_meta
 from shapes import group_sizes, select_shapes
 
 SL_DTYPE_F8E4M3 = 4
 FP8_PEAK = 1979.0  # TFLOP/s, dense
 HBM_TBS = 4.8  # H200
-
-
-class QuantDesc(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("batch", ctypes.c_int64),
-        ("rows", ctypes.c_int64),
-        ("cols", ctypes.c_int64),
-        ("x_rows", ctypes.c_int64),
-        ("dtype", ctypes.c_int),
-        ("block_rows", ctypes.c_int),
-        ("block_cols", ctypes.c_int),
-        ("power_of_two", ctypes.c_int),
-    ]
 
 
 def open_lib(path):
@@ -531,15 +516,7 @@ def main():
             rows += bench_shape(lib, shape, args)
             torch.cuda.empty_cache()
     qrows = bench_quantize(lib, args)
-    meta = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(),
-        "iters": args.iters,
-        "command": args.command,
-        "library": os.path.realpath(args.lib),
-    }
+    meta = torch_meta(args, command=args.command)
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows, "quantize": qrows}, f, indent=1)
 

@@ -47,6 +47,22 @@ class GmmDesc(ctypes.Structure):
     ]
 
 
+# sl_quantize_fp8_desc, for the FP8 harnesses (bench_fp8.py, tests/gpu/test_quantize_fp8.py); like
+# GmmDesc, checked against the header by tests/python/ops/test_c_mirrors.py
+class QuantDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("batch", ctypes.c_int64),
+        ("rows", ctypes.c_int64),
+        ("cols", ctypes.c_int64),
+        ("x_rows", ctypes.c_int64),
+        ("dtype", ctypes.c_int),
+        ("block_rows", ctypes.c_int),
+        ("block_cols", ctypes.c_int),
+        ("power_of_two", ctypes.c_int),
+    ]
+
+
 def time_cuda(fns, iters, warmup=3, info=None, mode="queued"):
     """Median milliseconds of each callable in `fns`: GPU time between two CUDA events around it.
     The callables take turns within every iteration, so clock drift during the run (the dense cuBLAS
@@ -274,6 +290,21 @@ def open_lib(path):
     return lib
 
 
+def torch_meta(args, **extra):
+    """A torch part's metadata: device, versions, date, timed runs, the library, and `extra`."""
+    import torch
+
+    return {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(),
+        "iters": args.iters,
+        **extra,
+        "library": os.path.realpath(args.lib),
+    }
+
+
 def part_torch(args):
     import torch
 
@@ -282,17 +313,8 @@ def part_torch(args):
     for shape in select_shapes(args.shapes):
         results += bench_shape_torch(lib, shape, args)
         torch.cuda.empty_cache()
-    meta = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(),
-        "iters": args.iters,
-        "timing": args.timing,
-        "library": os.path.realpath(args.lib),
-    }
     with open(args.out, "w") as f:
-        json.dump({"meta": meta, "rows": results}, f, indent=1)
+        json.dump({"meta": torch_meta(args, timing=args.timing), "rows": results}, f, indent=1)
 
 
 def part_jax(args):

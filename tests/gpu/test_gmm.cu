@@ -32,16 +32,8 @@
 #include <vector>
 
 #include "../../csrc/cuda/gmm_common.cuh"
+#include "cuda_ok.h"
 #include "sluice.h"
-
-#define CUDA_OK(x)                                                                        \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(2);                                                                            \
-    }                                                                                     \
-  } while (0)
 
 static std::mt19937_64 rng(1234);
 

@@ -9,29 +9,20 @@ values beyond e4m3's range, inf and NaN).
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 import ml_dtypes
 import numpy as np
 import torch
 
+# sl_quantize_fp8_desc: the C mirror the benchmarks share
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+from bench_gmm import QuantDesc
+
 SL_BF16, SL_F32 = 1, 0
 RCP_MAX = np.float32(1.0 / 448.0)
 SCALE_MIN = np.float32(2.0**-126)
-
-
-class QuantDesc(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("batch", ctypes.c_int64),
-        ("rows", ctypes.c_int64),
-        ("cols", ctypes.c_int64),
-        ("x_rows", ctypes.c_int64),
-        ("dtype", ctypes.c_int),
-        ("block_rows", ctypes.c_int),
-        ("block_cols", ctypes.c_int),
-        ("power_of_two", ctypes.c_int),
-    ]
 
 
 def pow2_ceil(s, amax):

@@ -68,9 +68,12 @@ def _offset_array(group_offset):
     return jnp.reshape(jnp.asarray(group_offset, jnp.int32), (1,))
 
 
-def _ffi(target, out_shape, out_dtype, lhs, rhs, group_sizes, group_offset, *, n, g_local, **attrs):
-    """One FFI call of `target` (gmm or tgmm) with `attrs`: lhs [..., M, K], output [..., N]
-    columns, g_local local groups; its workspace sized by the library for this problem."""
+def ffi_call(target, out_shape, out_dtype, operands, *, in_dtype, rhs_nk, n, g_local, **attrs):
+    """One FFI call of `target` (gmm, tgmm and their FP8 forms) on `operands` (lhs [..., M, K]
+    first, group_sizes and group_offset last) with `attrs`: output [..., N] columns, g_local local
+    groups, its workspace sized by the library for this problem (in_dtype: the operands' element
+    type; rhs_nk: rhs laid out [G_local, N, K])."""
+    lhs, group_sizes = operands[0], operands[-2]
     # The size depends on the group counts only (include/sluice.h: O(batch * G)), so a symbolic
     # dimension (jax.export shape polymorphism: M, K or N) passes as 1.
     m, k, n = (d if checks.is_static(d) else 1 for d in (*lhs.shape[-2:], n))
@@ -80,12 +83,12 @@ def _ffi(target, out_shape, out_dtype, lhs, rhs, group_sizes, group_offset, *, n
         n=n,
         num_groups=group_sizes.shape[-1],
         num_local_groups=g_local,
-        dtype=jnp.dtype(lhs.dtype),
+        dtype=jnp.dtype(in_dtype),
         out_dtype=jnp.dtype(out_dtype),
-        transpose_rhs=bool(attrs.get("transpose_rhs", False)),
+        transpose_rhs=rhs_nk,
     )
     # Inside shard_map the result varies over whatever mesh axes the operands vary over.
-    kw = _vary_kw(lhs, rhs, group_sizes, group_offset)
+    kw = _vary_kw(*operands)
     call = jax.ffi.ffi_call(
         target,
         (
@@ -94,26 +97,26 @@ def _ffi(target, out_shape, out_dtype, lhs, rhs, group_sizes, group_offset, *, n
         ),
         vmap_method="broadcast_all",
     )
-    return call(lhs, rhs, group_sizes, group_offset, **attrs)[0]
+    return call(*operands, **attrs)[0]
 
 
 def _gmm_call(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip_unused=False):
     n = rhs.shape[-2] if transpose_rhs else rhs.shape[-1]
     out_shape = lhs.shape[:-1] + (n,)
     g_local = rhs.shape[-3]
-    return _ffi(
-        "sluice_gmm", out_shape, out_dtype, lhs, rhs, group_sizes, group_offset,
-        n=n, g_local=g_local, transpose_rhs=np.int32(transpose_rhs),
-        skip_unused_rows=np.int32(skip_unused),
+    return ffi_call(
+        "sluice_gmm", out_shape, out_dtype, (lhs, rhs, group_sizes, group_offset),
+        in_dtype=lhs.dtype, rhs_nk=transpose_rhs, n=n, g_local=g_local,
+        transpose_rhs=np.int32(transpose_rhs), skip_unused_rows=np.int32(skip_unused),
     )  # fmt: skip
 
 
 def _tgmm_call(lhs, rhs, group_sizes, group_offset, num_local_groups, out_dtype):
     k, n = lhs.shape[-1], rhs.shape[-1]
     out_shape = lhs.shape[:-2] + (num_local_groups, k, n)
-    return _ffi(
-        "sluice_tgmm", out_shape, out_dtype, lhs, rhs, group_sizes, group_offset,
-        n=n, g_local=num_local_groups,
+    return ffi_call(
+        "sluice_tgmm", out_shape, out_dtype, (lhs, rhs, group_sizes, group_offset),
+        in_dtype=lhs.dtype, rhs_nk=False, n=n, g_local=num_local_groups,
     )  # fmt: skip
 
 

@@ -35,11 +35,10 @@ import numpy as np
 
 from . import checks
 from ._lib import register_targets
-from .capi import gmm_workspace_bytes
 from .checks import ShapeError
 from .fp8 import ACT, E4M3, WEIGHT, _gmm_operands, _tgmm_operands, quantize, quantize_t
-from .gmm import _offset_array
-from .vma import _vary_kw, match_vma
+from .gmm import _offset_array, ffi_call
+from .vma import match_vma
 
 register_targets({"sluice_gmm_fp8": "sl_ffi_gmm_fp8", "sluice_tgmm_fp8": "sl_ffi_tgmm_fp8"})
 
@@ -76,44 +75,19 @@ def _pad_last(x, *pads):
     return jnp.pad(x, [(0, 0)] * (x.ndim - len(pads)) + [(0, p) for p in pads])
 
 
-def _ffi(target, out_shape, out_dtype, operands, *, n, g_local, **attrs):
-    """One FFI call of `target` on (lhs, lhs_scale, rhs, rhs_scale, group_sizes, group_offset),
-    with its workspace sized by the library for this problem."""
-    lhs, group_sizes = operands[0], operands[4]
-    m, k, n = (d if checks.is_static(d) else 1 for d in (*lhs.shape[-2:], n))
-    ws = gmm_workspace_bytes(
-        m=m,
-        k=k,
-        n=n,
-        num_groups=group_sizes.shape[-1],
-        num_local_groups=g_local,
-        dtype=E4M3,
-        out_dtype=jnp.dtype(out_dtype),
-        transpose_rhs=target == "sluice_gmm_fp8",
-    )
-    kw = _vary_kw(*operands)
-    call = jax.ffi.ffi_call(
-        target,
-        (
-            jax.ShapeDtypeStruct(out_shape, out_dtype, **kw),
-            jax.ShapeDtypeStruct((ws,), jnp.uint8, **kw),
-        ),
-        vmap_method="broadcast_all",
-    )
-    return call(*operands, **attrs)[0]
-
-
 def _gmm_nt(lhs_q, lhs_s, rhs_q, rhs_s, group_sizes, group_offset, out_dtype, skip_unused):
     """The C op: lhs [..., M, K] (ACT scale), rhs [..., G_local, N, K] (WEIGHT scale of that
     layout) -> [..., M, N]. K is padded to a multiple of 16 and N to one of 8."""
     k, n = lhs_q.shape[-1], rhs_q.shape[-2]
     pk, pn = -k % 16, -n % 8
     lhs_q, rhs_q = _pad_last(lhs_q, pk), _pad_last(rhs_q, pn, pk)
-    out = _ffi(
+    out = ffi_call(
         "sluice_gmm_fp8",
         lhs_q.shape[:-1] + (n + pn,),
         out_dtype,
         (lhs_q, lhs_s, rhs_q, rhs_s, group_sizes, group_offset),
+        in_dtype=E4M3,
+        rhs_nk=True,
         n=n + pn,
         g_local=rhs_q.shape[-3],
         skip_unused_rows=np.int32(skip_unused),
@@ -143,11 +117,13 @@ def _tgmm_call(lhs_t, lhs_s, rhs_t, rhs_s, group_sizes, group_offset, *, g_local
     pk, pm, pn = -k % 4, (-m % 16 if pad_m else 0), -n % 8
     lhs_t, lhs_s = _pad_last(lhs_t, pk, pm), _pad_last(lhs_s, pk)
     rhs_t, rhs_s = _pad_last(rhs_t, pn, pm), _pad_last(rhs_s, pn)
-    out = _ffi(
+    out = ffi_call(
         "sluice_tgmm_fp8",
         lhs_t.shape[:-2] + (g_local, k + pk, n + pn),
         out_dtype,
         (lhs_t, lhs_s, rhs_t, rhs_s, group_sizes, group_offset),
+        in_dtype=E4M3,
+        rhs_nk=False,
         n=n + pn,
         g_local=g_local,
     )

@@ -30,6 +30,7 @@ BENCH_GMM = _bench_gmm()
 MIRRORS = [
     ("sl_gmm_desc", capi.GmmDesc),
     ("sl_gmm_desc", BENCH_GMM.GmmDesc),
+    ("sl_quantize_fp8_desc", BENCH_GMM.QuantDesc),
     ("sl_swiglu_desc", capi.SwigluDesc),
     ("sl_ep_comm_desc", capi.EpCommDesc),
     ("sl_ep_desc", capi.EpDesc),
@@ -49,7 +50,9 @@ def header_fields(struct):
     m = re.search(rf"typedef struct {struct} \{{(.*?)\}} {struct};", HEADER.read_text(), re.DOTALL)
     assert m, f"{struct} not found in {HEADER}"
     body = re.sub(r"//[^\n]*", "", re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.DOTALL))
-    return [re.search(r"(\w+)$", d.strip()).group(1) for d in body.split(";") if d.strip()]
+    # a declaration may name several members ("int64_t batch, rows;")
+    decls = [d.strip() for d in body.split(";") if d.strip()]
+    return [re.search(r"(\w+)$", part.strip()).group(1) for d in decls for part in d.split(",")]
 
 
 @pytest.fixture(scope="module")
