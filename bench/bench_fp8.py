@@ -98,10 +98,19 @@ def torch_peers(x_q, wt_q, offs, m, k, n, g, sx_row, sw_row, dense):
     calls["cublas_fp8_rowwise"] = lambda: torch._scaled_mm(
         a, bt.t(), dense["sa_row"], dense["sb_row"], out_dtype=torch.bfloat16
     )
-    # 1x128 / 128x128 blocks: cuBLAS wants the activation scales outer-dim-major
+    # 1x128 / 128x128 blocks: cuBLAS wants the activation scales outer-dim-major; the recipes are
+    # explicit arguments of torch.nn.functional.scaled_mm (torch._scaled_mm infers tensor- or
+    # row-wise scaling from the scales' shapes and rejects these)
     sa_blk, sb_blk = dense["sa_blk"], dense["sb_blk"]
-    calls["cublas_fp8_blockwise"] = lambda: torch._scaled_mm(
-        a, bt.t(), sa_blk, sb_blk, out_dtype=torch.bfloat16
+    F = torch.nn.functional
+    calls["cublas_fp8_blockwise"] = lambda: F.scaled_mm(
+        a,
+        bt.t(),
+        sa_blk,
+        F.ScalingType.BlockWise1x128,
+        sb_blk,
+        F.ScalingType.BlockWise128x128,
+        output_dtype=torch.bfloat16,
     )
     return calls
 

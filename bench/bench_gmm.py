@@ -63,13 +63,19 @@ class QuantDesc(ctypes.Structure):
     ]
 
 
-def time_cuda(fns, iters, warmup=3, info=None, mode="queued"):
+def time_cuda(fns, iters, warmup=3, info=None, mode="queued", flush_l2=True):
     """Median milliseconds of each callable in `fns`: GPU time between two CUDA events around it.
     The callables take turns within every iteration, so clock drift during the run (the dense cuBLAS
     figure moves by 10-20% between runs on H200) hits them all alike and the ratios stay fair. The
     order rotates by one each iteration: the chip runs at its power cap and its clock lags the load,
-    so a call starts at the clock its predecessor left; with a fixed order each implementation would
-    always follow the same one.
+    so a call starts at the clock its predecessor left.
+
+    flush_l2 (the default): a 256 MiB memset, outside the events, before every timed call, so each
+    call starts with none of its operands in the 50 MB L2, as a model's weights are. Without it a
+    call found in L2 whatever its predecessor left there: rotating the order keeps each call's
+    predecessor the same, and a call that follows another on the same operands ran up to ~25%
+    faster on problems of tens of microseconds (the small-groups sweep's forced tile widths against
+    the same kernel unforced).
 
     mode "queued" (the default): every call of every iteration is queued before any is waited for,
     so the GPU runs them back to back, as in a training step: the host's launch path (4-140 us per
@@ -84,6 +90,12 @@ def time_cuda(fns, iters, warmup=3, info=None, mode="queued"):
     microseconds need it: there the host's launch path of a queued call can outlast the GPU's work,
     the queue drains, and the event pair of a call would also time its launch."""
     import torch
+
+    scratch = torch.empty(256 << 20, dtype=torch.uint8, device="cuda") if flush_l2 else None
+
+    def flush():
+        if scratch is not None:
+            scratch.zero_()
 
     for fn in fns.values():
         for _ in range(warmup):
@@ -106,6 +118,7 @@ def time_cuda(fns, iters, warmup=3, info=None, mode="queued"):
     if mode == "synced":
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for name in order:
+            flush()
             e0.record()
             fns[name]()
             e1.record()
@@ -114,16 +127,18 @@ def time_cuda(fns, iters, warmup=3, info=None, mode="queued"):
     elif mode == "queued":
         evs = []
         for name in order:
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            ef, e0, e1 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            ef.record()
+            flush()
             e0.record()
             fns[name]()
             e1.record()
-            evs.append((name, e0, e1))
+            evs.append((name, ef, e0, e1))
         torch.cuda.synchronize()
-        for name, e0, e1 in evs:
+        for name, _, e0, e1 in evs:
             times[name].append(e0.elapsed_time(e1))
-        if info is not None:
-            gaps = [evs[i][2].elapsed_time(evs[i + 1][1]) for i in range(len(evs) - 1)]
+        if info is not None:  # a call's end to the next flush's start: idle GPU time
+            gaps = [evs[i][3].elapsed_time(evs[i + 1][1]) for i in range(len(evs) - 1)]
             info["max_gap_ms"] = max(gaps, default=0.0)
     else:
         raise ValueError(f"unknown timing mode {mode!r}")
@@ -300,6 +315,7 @@ def torch_meta(args, **extra):
         "cuda": torch.version.cuda,
         "date": datetime.datetime.now(datetime.UTC).isoformat(),
         "iters": args.iters,
+        "l2_flush": True,  # time_cuda's default
         **extra,
         "library": os.path.realpath(args.lib),
     }
@@ -397,6 +413,15 @@ def part_jax(args):
 def timing_line(torch_part):
     """How the torch part timed its calls (time_cuda's mode; files before 2026-11-24: "synced")."""
     mode = torch_part["meta"].get("timing", "synced")
+    cold = (
+        " Every call starts from a cold L2 (a 256 MiB memset before it, outside its events)."
+        if torch_part["meta"].get("l2_flush")
+        else ""
+    )
+    return _timing_mode_line(torch_part, mode) + cold
+
+
+def _timing_mode_line(torch_part, mode):
     if mode == "graph":
         return (
             "Each call captured once in a CUDA graph, the replays queued back to back: the GPU "

@@ -3,11 +3,13 @@
  * max(amax * float32(1/448), 2^-126) or its power-of-two rounding, q = e4m3_rn(clip(x / scale,
  * -448, 448)) with an IEEE division, and a block holding inf or NaN gets scale NaN and q NaN.
  *
- * One CTA per 128 x 128 tile of one problem, 256 threads: the tile is read once (16-byte loads)
- * into shared memory as float32, the block maxima are reduced there (per row for 1 x 128 blocks,
- * per column for 128 x 1, the whole tile for 128 x 128), and q leaves row-major and/or transposed
- * (16-byte stores where the rows allow), so the weight gradient's transposed operands cost no
- * separate pass. The kernel moves 2 + 1 (+ 1) bytes an element and nothing else. */
+ * Three kernels, each moving 2 + 1 (+ 1) bytes an element and nothing else:
+ *   quantize_rows16_kernel   16-bit x, 1 x 128 blocks, q row-major (the activations)
+ *   quantize_tile16_kernel   16-bit x, 128 x 1 or 128 x 128 blocks, q and/or q_t (the weight
+ *                            gradient's transposed operands, the weights in both layouts)
+ *   quantize_kernel          everything else (float32 x, widths not a multiple of 8, unaligned
+ *                            pointers, 1 x 128 blocks with q_t): a 128 x 128 tile in shared
+ *                            memory as float32, an IEEE division per element. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -77,18 +79,6 @@ __device__ __forceinline__ float block_scale(float amax, int pow2) {
   return pow2 ? pow2_ceil(s, amax) : s;
 }
 
-/* e4m3_rn(clip(v / s)) with v / s an IEEE division, from rcp = 1/s rounded: v * rcp is within
- * 2.5 units in the last place of the rounded quotient, so it rounds to the same e4m3 value
- * unless an e4m3 tie (mantissa bits 19..0 = 0x80000 in e4m3's normal range) lies within 4 units
- * of it, or it falls in e4m3's subnormal range; only those (about 1e-5 of random values, and
- * small ones) take the division. satfinite clips as the rule does; NaN stays NaN. */
-__device__ __forceinline__ uint8_t to_e4m3(float v, float s, float rcp) {
-  float y = v * rcp;
-  const uint32_t bits = __float_as_uint(y), e = (bits >> 23) & 0xFF;
-  if (v != 0.f && (e < 121 || (bits & 0xFFFFF) - 0x7FFFCu < 9u)) y = __fdiv_rn(v, s);
-  return (uint8_t)__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3);
-}
-
 /* The rows of problem b read from x, [lo, hi): those present and inside row_range[b]; the others
  * read as zero. */
 struct Live {
@@ -104,12 +94,15 @@ __device__ __forceinline__ Live live_rows(const QArgs &a, long long b) {
   return l;
 }
 
-/* The same with the IEEE division for every element (the tile kernel: the reciprocal's test cost
- * it more than it saved). */
+/* e4m3_rn(clip(v / s)) with an IEEE division (satfinite clips as the rule does; NaN stays NaN). */
 __device__ __forceinline__ uint8_t to_e4m3_div(float v, float s) {
   return (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(v, s), __NV_SATFINITE, __NV_E4M3);
 }
 
+/* The general kernel: one CTA per 128 x 128 tile of one problem, 256 threads; the tile is read once
+ * into shared memory as float32, the block maxima are reduced there (per row for 1 x 128 blocks,
+ * per column for 128 x 1, the whole tile for 128 x 128), and q leaves row-major and/or transposed
+ * (16-byte stores where the rows allow). */
 __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
   extern __shared__ float tile[]; /* [kT][kLd], then the block scales */
   float *sc = tile + kT * kLd;    /* per row (1 x 128), per column (128 x 1) or sc[0] (128 x 128) */
@@ -227,141 +220,236 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
 }
 
 
-/* Four elements of row r from column c (c + 4 <= C) as float32, subnormals flushed; vec: one 8-byte
- * (16-bit x) or 16-byte (float32 x) load. */
-__device__ __forceinline__ void load4(const QArgs &a, const char *xb, long long r, long long c,
-                                      bool vec, float (&v)[4]) {
-  const long long C = a.cols;
-  if (vec) {
-    if (a.dtype == SL_DTYPE_F32) {
-      const float4 f = __ldg(reinterpret_cast<const float4 *>(xb + ((size_t)r * C + c) * 4));
-      v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-    } else {
-      const uint2 u = __ldg(reinterpret_cast<const uint2 *>(xb + ((size_t)r * C + c) * 2));
-      unpack2(u.x, a.dtype, v[0], v[1]);
-      unpack2(u.y, a.dtype, v[2], v[3]);
-    }
+/* ---- 16-bit inputs (bf16, f16) with 16-byte aligned rows: the fast kernels ----
+ * Per element they issue about 8 instructions where the general kernel issues over 20 (which left
+ * it issue-bound at ~1.4 TB/s):
+ *  - a block's maximum is taken on the raw 16-bit magnitudes, two at a time (max.u16x2): a
+ *    sign-magnitude format's magnitude bits order as unsigned integers, with inf above every
+ *    finite value and NaN above inf, so one maximum gives both amax and "holds inf or NaN";
+ *  - the quotient is v * rcp corrected once by its exact remainder (Markstein: with rcp the
+ *    correctly rounded 1/s and q0 within an ulp, q0 + (v - q0 s) rcp rounds to the IEEE quotient),
+ *    valid while the remainder cannot underflow; blocks with s < 2^-90 (amax < 2^-81) divide;
+ *  - two quotients convert to e4m3 in one instruction.
+ * A float32 subnormal reads as zero: bf16 words are flushed as they are loaded (no f16 value is
+ * one), and -0 comes out of the corrected quotient as +0, as the rule's flush gives. */
+template <sl_dtype T>
+__device__ __forceinline__ float lo_f(uint32_t w) {
+  if constexpr (T == SL_DTYPE_BF16) return __uint_as_float(w << 16);
+  else return __half2float(__ushort_as_half((unsigned short)(w & 0xFFFF)));
+}
+template <sl_dtype T>
+__device__ __forceinline__ float hi_f(uint32_t w) {
+  if constexpr (T == SL_DTYPE_BF16) return __uint_as_float(w & 0xFFFF0000u);
+  else return __half2float(__ushort_as_half((unsigned short)(w >> 16)));
+}
+constexpr uint32_t kMag2 = 0x7FFF7FFFu; /* two 16-bit magnitudes */
+
+/* bf16: the halves of a word with a zero exponent (+-0, float32 subnormals) as +0. Bit 15 (31) of
+ * t is set where that half's exponent is not zero; prmt replicates it over the half. */
+template <sl_dtype T>
+__device__ __forceinline__ uint32_t flush2(uint32_t w) {
+  if constexpr (T == SL_DTYPE_BF16) {
+    const uint32_t t = (w & 0x7F807F80u) + 0x7F807F80u;
+    uint32_t keep;
+    asm("prmt.b32 %0, %1, 0, 0xBB99;" : "=r"(keep) : "r"(t));
+    return w & keep;
   } else {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = c + k < C ? load_one(xb, a.dtype, (size_t)r * C + c + k) : 0.f;
+    return w;
   }
-#pragma unroll
-  for (int k = 0; k < 4; ++k) v[k] = fabsf(v[k]) < kScaleMin ? 0.f : v[k];
+}
+template <sl_dtype T>
+__device__ __forceinline__ uint4 flush8(uint4 v) {
+  return make_uint4(flush2<T>(v.x), flush2<T>(v.y), flush2<T>(v.z), flush2<T>(v.w));
 }
 
-/* 1 x 128 blocks written row-major: a warp per block (128 columns of a row), 4 elements a lane, no
- * shared memory. CTA (x, y, z) takes rows [32 x, 32 x + 32) of column block y of problem z, each
- * warp kRowBlocks rows at once so that their loads are in flight together (and no index needs a
- * division). The activations' layout, read and written at the speed of the memory. */
-constexpr int kRowBlocks = 4, kRowsPerCta = kRowBlocks * kThreads / 32;
-__global__ void __launch_bounds__(kThreads) quantize_rows_kernel(QArgs a) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+/* The amax (float) of a block from the largest 16-bit magnitude m (of flushed words); inf and NaN
+ * stay (block_scale makes their scale NaN). */
+template <sl_dtype T>
+__device__ __forceinline__ float amax_of(uint32_t m) {
+  if constexpr (T == SL_DTYPE_BF16) return __uint_as_float(m << 16);
+  else return __half2float(__ushort_as_half((unsigned short)m));
+}
+__device__ __forceinline__ uint32_t max_halves(uint32_t m) { return max(m & 0xFFFFu, m >> 16); }
+
+/* A block's scale and its use: rcp = 1/s rounded; exact: s too small for the corrected product */
+struct BlockScale {
+  float s, rcp;
+  bool exact;
+};
+__device__ __forceinline__ BlockScale make_scale(float amax, int pow2) {
+  BlockScale b;
+  b.s = block_scale(amax, pow2);
+  b.rcp = __frcp_rn(b.s);
+  b.exact = b.s < 8.07793567e-28f; /* 2^-90 */
+  return b;
+}
+template <bool EXACT>
+__device__ __forceinline__ float quotient(float v, const BlockScale &b) {
+  if (EXACT) return b.exact ? __fdiv_rn(fabsf(v) < kScaleMin ? 0.f : v, b.s) : quotient<false>(v, b);
+  const float q0 = __fmul_rn(v, b.rcp);
+  return __fmaf_rn(__fmaf_rn(-q0, b.s, v), b.rcp, q0);
+}
+/* Four elements (x words w0, w1) as four e4m3 bytes (byte i: element i), by scales b0..b3. */
+template <sl_dtype T, bool EXACT>
+__device__ __forceinline__ uint32_t q4(uint32_t w0, uint32_t w1, const BlockScale &b0,
+                                       const BlockScale &b1, const BlockScale &b2,
+                                       const BlockScale &b3) {
+  const float y0 = quotient<EXACT>(lo_f<T>(w0), b0), y1 = quotient<EXACT>(hi_f<T>(w0), b1);
+  const float y2 = quotient<EXACT>(lo_f<T>(w1), b2), y3 = quotient<EXACT>(hi_f<T>(w1), b3);
+  uint32_t q; /* cvt e4m3x2 d, a, b: a to the upper byte; satfinite clips as the rule does */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n.reg .b16 lo, hi;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      "mov.b32 %0, {lo, hi};\n}"
+      : "=r"(q)
+      : "f"(y0), "f"(y1), "f"(y2), "f"(y3));
+#else /* (no FP8 conversion instruction before sm_89) */
+  q = __nv_cvt_float2_to_fp8x2(make_float2(y0, y1), __NV_SATFINITE, __NV_E4M3) |
+      (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(y2, y3), __NV_SATFINITE, __NV_E4M3) << 16;
+#endif
+  return q;
+}
+
+/* 1 x 128 blocks written row-major: 16 lanes per block (16 bytes a lane), each half-warp 4 rows,
+ * all 4 loads in flight before their use; CTA (x, y, z) takes rows [64 x, 64 x + 64) of column
+ * block y of problem z. */
+constexpr int kRowsPerHalf = 4, kRowsPerCta = kRowsPerHalf * 2 * (kThreads / 32);
+template <sl_dtype T>
+__global__ void __launch_bounds__(kThreads) quantize_rows16_kernel(QArgs a) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hl = lane & 15;
   const long long R = a.rows, C = a.cols, nbc = (C + 127) / 128, b = blockIdx.z;
-  const long long r0 = (long long)blockIdx.x * kRowsPerCta + warp * kRowBlocks;
-  const long long c = (long long)blockIdx.y * 128 + lane * 4;
-  const size_t es = a.dtype == SL_DTYPE_F32 ? 4 : 2;
-  const char *xb = (const char *)a.x + (size_t)b * a.x_rows * C * es;
-  const bool vec = C % 4 == 0 && (uintptr_t)a.x % (4 * es) == 0 && c + 4 <= C;
+  const long long r0 = (long long)blockIdx.x * kRowsPerCta + (warp * 2 + (lane >> 4)) * kRowsPerHalf;
+  const long long c = (long long)blockIdx.y * 128 + hl * 8;
+  const uint16_t *xb = (const uint16_t *)a.x + (size_t)b * a.x_rows * C;
   const Live live = live_rows(a, b);
-  float v[kRowBlocks][4];
+  uint4 v[kRowsPerHalf];
 #pragma unroll
-  for (int u = 0; u < kRowBlocks; ++u) {
+  for (int u = 0; u < kRowsPerHalf; ++u) {
+    v[u] = make_uint4(0u, 0u, 0u, 0u);
     if (live.has(r0 + u) && c < C)
-      load4(a, xb, r0 + u, c, vec, v[u]);
-    else
-      v[u][0] = v[u][1] = v[u][2] = v[u][3] = 0.f;
+      v[u] = flush8<T>(__ldg(reinterpret_cast<const uint4 *>(xb + (r0 + u) * C + c)));
   }
 #pragma unroll
-  for (int u = 0; u < kRowBlocks; ++u) {
+  for (int u = 0; u < kRowsPerHalf; ++u) {
     const long long r = r0 + u;
-    if (r >= R) break;
-    float m = 0.f;
+    uint32_t m = __vimax3_u16x2(v[u].x & kMag2, v[u].y & kMag2, v[u].z & kMag2);
+    m = __vmaxu2(m, v[u].w & kMag2);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) m = fmaxf(m, amax_term(v[u][k]));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float sc = block_scale(m, a.pow2), rcp = __frcp_rn(sc);
-    if (lane == 0) a.scale[((size_t)b * R + r) * nbc + blockIdx.y] = sc;
+    for (int o = 8; o > 0; o >>= 1) m = __vmaxu2(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (r >= R) continue;
+    const BlockScale bs = make_scale(amax_of<T>(max_halves(m)), a.pow2);
+    if (hl == 0) a.scale[((size_t)b * R + r) * nbc + blockIdx.y] = bs.s;
     if (c >= C) continue;
-    uint8_t q[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) q[k] = to_e4m3(v[u][k], sc, rcp);
-    uint8_t *dst = a.q + ((size_t)b * R + r) * C + c;
-    if (C % 4 == 0 && (uintptr_t)a.q % 4 == 0 && c + 4 <= C)
-      *reinterpret_cast<uint32_t *>(dst) = *reinterpret_cast<const uint32_t *>(q);
+    uint2 o;
+    if (!bs.exact) /* (the same for the 16 lanes of the block) */
+      o = make_uint2(q4<T, false>(v[u].x, v[u].y, bs, bs, bs, bs),
+                     q4<T, false>(v[u].z, v[u].w, bs, bs, bs, bs));
     else
-      for (int k = 0; k < 4 && c + k < C; ++k) dst[k] = q[k];
+      o = make_uint2(q4<T, true>(v[u].x, v[u].y, bs, bs, bs, bs),
+                     q4<T, true>(v[u].z, v[u].w, bs, bs, bs, bs));
+    *reinterpret_cast<uint2 *>(a.q + ((size_t)b * R + r) * C + c) = o;
   }
 }
 
-/* 128 x 1 blocks (the weight gradient's operands): tiles of 128 rows x 32 columns through shared
- * memory, q_t written 16 rows (bytes) of a column a thread, q 16 columns of a row a thread. */
-constexpr int kCols = 32;
-__global__ void __launch_bounds__(kThreads) quantize_cols_kernel(QArgs a) {
-  __shared__ float tile[kT][kCols + 1];
-  __shared__ float sc[kCols], rc[kCols];
-  const int tid = threadIdx.x;
-  const long long b = blockIdx.z, r0 = (long long)blockIdx.x * kT, c0 = (long long)blockIdx.y * kCols;
+/* 128 x 1 or 128 x 128 blocks, q and/or q_t: a 128 x 128 tile through shared memory (cp.async, 16
+ * bytes a copy; rows not read from x are zero-filled), kept as 16-bit values. Thread (warp w, lane
+ * l) holds rows [16 w, 16 w + 16) of columns [4 l, 4 l + 4) in registers: the block maxima (per
+ * column over the 8 warps, or the whole tile), then q (4 bytes of a row a store, a warp's 128
+ * bytes contiguous) and q_t (16 rows of a column a 16-byte store). */
+template <sl_dtype T, bool PER_COL>
+__global__ void __launch_bounds__(kThreads) quantize_tile16_kernel(QArgs a) {
+  __shared__ __align__(16) uint16_t tile[kT * kT];
+  __shared__ uint2 red[kThreads / 32][32];
+  __shared__ BlockScale sc[kT];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const long long b = blockIdx.z, r0 = (long long)blockIdx.x * kT, c0 = (long long)blockIdx.y * kT;
   const long long R = a.rows, C = a.cols;
   const Live live = live_rows(a, b);
-  const size_t es = a.dtype == SL_DTYPE_F32 ? 4 : 2;
-  const char *xb = (const char *)a.x + (size_t)b * a.x_rows * C * es;
-  const bool vec = C % 4 == 0 && (uintptr_t)a.x % (4 * es) == 0;
-  /* 128 x 32 elements, 4 a step, 4 steps a thread; the loads first, then the stores */
-  float v[4][4];
+  const uint16_t *xb = (const uint16_t *)a.x + (size_t)b * a.x_rows * C;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int i = tid + j * kThreads, rr = i / (kCols / 4), cc = (i % (kCols / 4)) * 4;
+  for (int j = 0; j < kT * kT / 8 / kThreads; ++j) {
+    const int i = tid + j * kThreads, rr = i >> 4, cc = (i & 15) * 8;
     const long long r = r0 + rr, c = c0 + cc;
-    if (live.has(r) && c < C)
-      load4(a, xb, r, c, vec && c + 4 <= C, v[j]);
-    else
-      v[j][0] = v[j][1] = v[j][2] = v[j][3] = 0.f;
+    const bool in = live.has(r) && c < C;
+    const uint16_t *src = in ? xb + r * C + c : xb;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(tile + rr * kT + cc)),
+                 "l"(src), "r"(in ? 16 : 0));
   }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int i = tid + j * kThreads, rr = i / (kCols / 4), cc = (i % (kCols / 4)) * 4;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) tile[rr][cc + k] = v[j][k];
-  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
   __syncthreads();
-  { /* column c's maximum: 8 threads, rows part, part + 8, ... */
-    const int c = tid >> 3, part = tid & 7;
-    float m = 0.f;
+  uint2 v[16];
+  uint32_t m0 = 0u, m1 = 0u;
 #pragma unroll
-    for (int k = 0; k < kT / 8; ++k) m = fmaxf(m, amax_term(tile[k * 8 + part][c]));
-#pragma unroll
-    for (int o = 4; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (part == 0) sc[c] = block_scale(m, a.pow2), rc[c] = __frcp_rn(sc[c]);
+  for (int i = 0; i < 16; ++i) {
+    v[i] = *reinterpret_cast<const uint2 *>(tile + (warp * 16 + i) * kT + lane * 4);
+    v[i].x = flush2<T>(v[i].x), v[i].y = flush2<T>(v[i].y);
+    m0 = __vmaxu2(m0, v[i].x & kMag2), m1 = __vmaxu2(m1, v[i].y & kMag2);
   }
-  __syncthreads();
-  if (tid < kCols && c0 + tid < C) a.scale[((size_t)b * ((R + 127) / 128) + blockIdx.x) * C + c0 + tid] = sc[tid];
-  if (a.qt) { /* column c, rows [16 part, 16 part + 16) */
-    const int c = tid >> 3, part = tid & 7;
-    const long long r = r0 + 16 * part;
-    if (c0 + c < C && r < R) {
-      uint8_t q[16];
+  if (PER_COL) {
+    red[warp][lane] = make_uint2(m0, m1);
+    __syncthreads();
+    if (tid < kT) { /* column tid: lane tid / 4, word (tid / 2) % 2, half tid % 2 */
+      uint32_t m = 0u;
 #pragma unroll
-      for (int k = 0; k < 16; ++k) q[k] = to_e4m3(tile[16 * part + k][c], sc[c], rc[c]);
-      uint8_t *dst = a.qt + ((size_t)b * C + c0 + c) * R + r;
-      if (R % 16 == 0 && (uintptr_t)a.qt % 16 == 0)
-        *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(q);
-      else
-        for (int k = 0; k < 16 && r + k < R; ++k) dst[k] = q[k];
+      for (int w = 0; w < kThreads / 32; ++w) {
+        const uint2 p = red[w][tid >> 2];
+        m = max(m, (((tid >> 1) & 1) ? p.y : p.x) >> (16 * (tid & 1)) & 0xFFFFu);
+      }
+      sc[tid] = make_scale(amax_of<T>(m), a.pow2);
+      if (c0 + tid < C) a.scale[((size_t)b * ((R + 127) / 128) + blockIdx.x) * C + c0 + tid] = sc[tid].s;
+    }
+  } else {
+    uint32_t m = max_halves(__vmaxu2(m0, m1));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) red[warp][0].x = m;
+    __syncthreads();
+    if (tid == 0) {
+      uint32_t mm = 0u;
+      for (int w = 0; w < kThreads / 32; ++w) mm = max(mm, red[w][0].x);
+      sc[0] = make_scale(amax_of<T>(mm), a.pow2);
+      a.scale[(size_t)b * ((R + 127) / 128) * ((C + 127) / 128) + (size_t)blockIdx.x * ((C + 127) / 128) +
+              blockIdx.y] = sc[0].s;
     }
   }
-  if (a.q) { /* row rr, columns [16 h, 16 h + 16) */
-    const int rr = tid >> 1, h = tid & 1;
-    const long long r = r0 + rr, c = c0 + 16 * h;
-    if (r < R && c < C) {
-      uint8_t q[16];
+  __syncthreads();
+  const long long c = c0 + lane * 4, rw = r0 + warp * 16;
+  if (c >= C || rw >= R) return;
+  const BlockScale s0 = sc[PER_COL ? lane * 4 : 0], s1 = sc[PER_COL ? lane * 4 + 1 : 0];
+  const BlockScale s2 = sc[PER_COL ? lane * 4 + 2 : 0], s3 = sc[PER_COL ? lane * 4 + 3 : 0];
+  uint32_t q[16]; /* row rw + i, columns c .. c + 3 */
+  if (!(s0.exact || s1.exact || s2.exact || s3.exact)) {
 #pragma unroll
-      for (int k = 0; k < 16; ++k) q[k] = to_e4m3(tile[rr][16 * h + k], sc[16 * h + k], rc[16 * h + k]);
-      uint8_t *dst = a.q + ((size_t)b * R + r) * C + c;
-      if (C % 16 == 0 && (uintptr_t)a.q % 16 == 0)
-        *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(q);
-      else
-        for (int k = 0; k < 16 && c + k < C; ++k) dst[k] = q[k];
+    for (int i = 0; i < 16; ++i) q[i] = q4<T, false>(v[i].x, v[i].y, s0, s1, s2, s3);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) q[i] = q4<T, true>(v[i].x, v[i].y, s0, s1, s2, s3);
+  }
+  if (a.q) {
+    uint8_t *qb = a.q + (size_t)b * R * C;
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      if (rw + i < R) *reinterpret_cast<uint32_t *>(qb + (rw + i) * C + c) = q[i];
+  }
+  if (a.qt) { /* column c + j: byte j of q[0..15] */
+    uint8_t *qb = a.qt + (size_t)b * R * C;
+    if (R % 16 == 0) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t o[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) { /* rows 4k .. 4k + 3: byte j of each */
+          const uint32_t lo = __byte_perm(q[4 * k], q[4 * k + 1], j | (j + 4) << 4);
+          const uint32_t hi = __byte_perm(q[4 * k + 2], q[4 * k + 3], j | (j + 4) << 4);
+          o[k] = __byte_perm(lo, hi, 0x5410);
+        }
+        *reinterpret_cast<uint4 *>(qb + (c + j) * R + rw) = make_uint4(o[0], o[1], o[2], o[3]);
+      }
+    } else {
+      for (int j = 0; j < 4; ++j)
+        for (int i = 0; i < 16 && rw + i < R; ++i) qb[(c + j) * R + rw + i] = (uint8_t)(q[i] >> (8 * j));
     }
   }
 }
@@ -383,10 +471,9 @@ extern "C" sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *d, const v
   if ((x == NULL && d->x_rows > 0) || scale == NULL || (q == NULL && q_t == NULL))
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "%s: x, scale and at least one of q and q_t must be given", op);
-  if ((d->rows + kT - 1) / kT > INT32_MAX || (d->cols + kCols - 1) / kCols > 65535 ||
-      d->batch > 65535)
+  if ((d->rows + kT - 1) / kT > INT32_MAX || (d->cols + kT - 1) / kT > 65535 || d->batch > 65535)
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
-                        "%s: at most 65535 column tiles of 32 and 65535 problems", op);
+                        "%s: at most 65535 column tiles of 128 and 65535 problems", op);
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess && dev >= 0 && dev < kMaxDevices) {
@@ -405,18 +492,28 @@ extern "C" sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *d, const v
   a.br = d->block_rows, a.bc = d->block_cols, a.pow2 = d->power_of_two != 0;
   a.dtype = d->dtype;
   cudaStream_t s = (cudaStream_t)stream;
-  if (a.br == 1 && a.qt == nullptr) {
-    const dim3 grid((unsigned)((d->rows + kRowsPerCta - 1) / kRowsPerCta),
-                    (unsigned)((d->cols + 127) / 128), (unsigned)d->batch);
-    quantize_rows_kernel<<<grid, kThreads, 0, s>>>(a);
-  } else if (a.bc == 1) {
-    const dim3 grid((unsigned)((d->rows + kT - 1) / kT), (unsigned)((d->cols + kCols - 1) / kCols),
-                    (unsigned)d->batch);
-    quantize_cols_kernel<<<grid, kThreads, 0, s>>>(a);
+  /* 16-bit x whose rows are 16-byte aligned, outputs aligned: the fast kernels; the rest (float32
+   * x, odd widths, 1 x 128 blocks with q_t) the general one */
+  const bool fast = (a.dtype == SL_DTYPE_BF16 || a.dtype == SL_DTYPE_F16) && a.cols % 8 == 0 &&
+                    (uintptr_t)x % 16 == 0 && (uintptr_t)q % 16 == 0 && (uintptr_t)q_t % 16 == 0;
+  const bool bf16 = a.dtype == SL_DTYPE_BF16;
+  const unsigned col_tiles = (unsigned)((d->cols + kT - 1) / kT), B = (unsigned)d->batch;
+  const dim3 tiles((unsigned)((d->rows + kT - 1) / kT), col_tiles, B);
+  if (fast && a.br == 1 && a.qt == nullptr) {
+    const dim3 grid((unsigned)((d->rows + kRowsPerCta - 1) / kRowsPerCta), col_tiles, B);
+    if (bf16)
+      quantize_rows16_kernel<SL_DTYPE_BF16><<<grid, kThreads, 0, s>>>(a);
+    else
+      quantize_rows16_kernel<SL_DTYPE_F16><<<grid, kThreads, 0, s>>>(a);
+  } else if (fast && a.br == 128) {
+    if (a.bc == 1)
+      bf16 ? quantize_tile16_kernel<SL_DTYPE_BF16, true><<<tiles, kThreads, 0, s>>>(a)
+           : quantize_tile16_kernel<SL_DTYPE_F16, true><<<tiles, kThreads, 0, s>>>(a);
+    else
+      bf16 ? quantize_tile16_kernel<SL_DTYPE_BF16, false><<<tiles, kThreads, 0, s>>>(a)
+           : quantize_tile16_kernel<SL_DTYPE_F16, false><<<tiles, kThreads, 0, s>>>(a);
   } else {
-    const dim3 grid((unsigned)((d->rows + kT - 1) / kT), (unsigned)((d->cols + kT - 1) / kT),
-                    (unsigned)d->batch);
-    quantize_kernel<<<grid, kThreads, kSmemBytes, s>>>(a);
+    quantize_kernel<<<tiles, kThreads, kSmemBytes, s>>>(a);
   }
   err = cudaGetLastError();
   if (err != cudaSuccess)

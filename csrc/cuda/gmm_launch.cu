@@ -93,17 +93,19 @@ constexpr int kMergeMinK = 2048;
 
 /* gmm's 128 x 128 tiles against 128 x 256 ones: narrow tiles where the wide ones would make fewer
  * than kNarrowMaxWaves waves on the GPU's SMs, counted from the static shape (M / 128 row tiles
- * plus half an edge tile per group; the true rows are on the device). Measured on the small-groups
- * sweep (H200, 196 cases of 16-1024 rows per group, each width forced on every case): narrow tiles
- * ran 1.03-1.07x the wide ones at the median up to 128 rows per group (up to 1.54x on K 256) and
- * 0.89-0.97x from 256 rows on; the waves rule picks the faster of the two in all but a few cases
- * (gmm/torch median 1.18x -> 1.23x, cases below 1.0x 13 -> 4). A wave model of the last wave's
- * idle SMs alone explained less: under one wave of wide tiles, narrow ones still ran 1.2-1.3x. */
+ * plus half an edge tile per group; the true rows are on the device), and the contraction is at
+ * most kNarrowMaxK long. Measured on the small-groups sweep (H200, 196 cases of 16-1024 rows per
+ * group, each width forced on every case, a cold L2 before every call): narrow tiles ran
+ * 1.05-1.3x the wide ones on short contractions (K 256-1024) in few waves, and 0.8-0.97x at K
+ * 2048-7168 at any wave count, where the wide tile's twice-as-long reuse of each A row pays;
+ * rule-picked gmm/torch on cases of 32+ rows: median 1.19x, 5 below 1.0x (wide tiles throughout:
+ * 1.16x, 8 below; few waves at any K: 1.19x, 10 below). */
 constexpr double kNarrowMaxWaves = 4.0;
+constexpr int kNarrowMaxK = 1024;
 bool narrow_tiles_pay(const GmmArgs &a, int sms) {
   if (g_tile_n != 0) return g_tile_n == 128;
   const double row_tiles = a.m / 128.0 + 0.5 * a.num_local_groups;
-  return row_tiles * ((a.n + 255) / 256) < kNarrowMaxWaves * sms;
+  return a.k <= kNarrowMaxK && row_tiles * ((a.n + 255) / 256) < kNarrowMaxWaves * sms;
 }
 
 struct Route {
@@ -125,7 +127,7 @@ const Route kRoutes[] = {
        return !tgmm && sm90_ok(a, tgmm, major) && (a.transpose_rhs || a.n % 64 == 0) &&
               narrow_tiles_pay(a, sms);
      },
-     "sm_90 gmm whose 128x256 tiles fill the GPU in too few waves: 128x128 tiles"},
+     "sm_90 gmm, K <= 1024, whose 128x256 tiles fill the GPU in too few waves: 128x128 tiles"},
     {kSm90GmmMerged,
      [](const GmmArgs &a, bool tgmm, int major, int) {
        return !tgmm && sm90_ok(a, tgmm, major) && !a.transpose_rhs && a.n % 64 == 0 &&

@@ -1,7 +1,8 @@
 """GPU test of sl_quantize_fp8_cuda against a numpy implementation of sluice.fp8.quantize's rule
 (python/sluice/ops/fp8.py), bit for bit: every block layout, q and its transpose, row_range (rows
-outside it read as zero), rows past x (padding), power-of-two scales, and the edge values (zero blocks, float32 subnormals,
-values beyond e4m3's range, inf and NaN).
+outside it read as zero), rows past x (padding), power-of-two scales, bf16, f16 and float32 x, and
+the edge values (zero blocks, float32 subnormals of either sign, -0, blocks whose scale is below
+2^-90, values beyond e4m3's range, inf and NaN).
 
   python3 tests/gpu/test_quantize_fp8.py build-gpu/libsluice_gpu.so      (tests/gpu/run.sh runs it)
 """
@@ -20,7 +21,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 from bench_gmm import QuantDesc
 
-SL_BF16, SL_F32 = 1, 0
+SL_BF16, SL_F32, SL_F16 = 1, 0, 2
 RCP_MAX = np.float32(1.0 / 448.0)
 SCALE_MIN = np.float32(2.0**-126)
 
@@ -67,31 +68,54 @@ def main(lib_path):
     lib.sl_last_error.restype = ctypes.c_char_p
     rng = np.random.default_rng(7)
     fails = runs = 0
+    # 16-bit x with cols % 8 == 0 runs the fast kernels (rows: 1x128 q alone; tile: 128x1 and
+    # 128x128), the rest the general one
     cases = [  # (batch, x_rows, rows, cols, block, pow2, dtype, valid fraction, specials)
         (1, 300, 300, 384, (1, 128), 0, SL_BF16, 1.0, False),
         (2, 257, 272, 200, (1, 128), 1, SL_BF16, 0.7, True),
         (1, 300, 304, 384, (128, 1), 0, SL_BF16, 1.0, True),
+        (1, 290, 300, 136, (128, 1), 0, SL_BF16, 0.9, True),  # rows % 16: q_t byte stores
         (3, 130, 144, 136, (128, 1), 1, SL_F32, 0.5, False),
         (2, 256, 256, 384, (128, 128), 0, SL_BF16, 1.0, True),
         (1, 200, 200, 130, (128, 128), 1, SL_F32, 0.9, False),
+        (1, 200, 208, 132, (128, 1), 0, SL_BF16, 1.0, True),  # cols % 8: the general kernel
+        (2, 200, 208, 264, (1, 128), 0, SL_F16, 0.8, True),
+        (1, 256, 256, 256, (128, 1), 1, SL_F16, 1.0, True),
+        (1, 256, 256, 512, (128, 128), 0, SL_F16, 1.0, False),
+        # many blocks of random values: the corrected product against the IEEE division
+        (1, 2048, 2048, 1024, (1, 128), 0, SL_BF16, 1.0, False),
+        (1, 2048, 2048, 1024, (128, 1), 0, SL_BF16, 1.0, False),
+        (1, 1024, 1024, 1024, (128, 128), 0, SL_BF16, 1.0, False),
     ]
     for b, xr, rows, c, (br, bc), pow2, dt, frac, specials in cases:
-        x = (rng.standard_normal((b, xr, c)) * np.exp(rng.uniform(-30, 10, (b, xr, 1)))).astype(
+        lo, hi = (-10, 4) if dt == SL_F16 else (-30, 10)  # (float16 overflows past 65504)
+        x = (rng.standard_normal((b, xr, c)) * np.exp(rng.uniform(lo, hi, (b, xr, 1)))).astype(
             np.float32
         )
         if specials:
             x[0, 0, :128] = 0  # a zero block (1x128) / part of one
             x[0, 1, 3] = 1e-39  # a float32 subnormal
+            x[0, 1, 4] = -1e-39  # a negative one (+0 in q, not -0)
+            x[0, 1, 6] = -0.0
             x[0, 2, 5] = np.inf
             x[-1, 3, 7] = np.nan
-            x[0, 4, 9] = 3e38
+            x[0, 4, 9] = 3e38 if dt != SL_F16 else 6e4
+            x[0, 5] *= 2.0**-100  # a block whose scale is below 2^-90 (divided, not corrected)
+            x[0, 6, 16:] = 0.0
+            x[0, 6, 17] = 2.0**-120  # a block of one tiny value
+            x[0, 7, :] = -0.0
+            x[0, : min(128, xr), 20] *= 2.0**-100  # 128x1: a column block of tiny values
         if dt == SL_BF16:
             x = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+        elif dt == SL_F16:
+            x = x.astype(np.float16).astype(np.float32)
         ranges = [(i * 3, int(frac * rows)) for i in range(b)]
         q_ref, s_ref = reference(x, rows, br, bc, pow2, ranges)
         xt = torch.tensor(x, device="cuda")
         if dt == SL_BF16:
             xt = xt.bfloat16()
+        elif dt == SL_F16:
+            xt = xt.half()
         vr = torch.tensor(ranges, device="cuda", dtype=torch.int32)
         # q and q_t together (the tile kernel), and each alone (1x128 q alone: the row kernel)
         for want_q, want_qt in ((True, True), (True, False), (False, True)):
@@ -127,6 +151,12 @@ def main(lib_path):
             ok = same_q and same_qt and same_s
             fails += not ok
             print(f"{'ok  ' if ok else 'FAIL'} {name}: q {same_q}, q_t {same_qt}, scale {same_s}")
+            for got, same in ((qg, same_q), (qtg, same_qt)):
+                if not same:  # the first few differing elements: (batch, row, col) x, want, got
+                    bad = np.argwhere(np.where(nan_q, (got & 0x7F) != 0x7F, got != q_ref))
+                    for i in map(tuple, bad[:4]):
+                        xv = x[i] if i[1] < xr else 0.0
+                        print(f"     at {i}: x {xv!r} want {q_ref[i]:#04x} got {got[i]:#04x}")
     print(f"{runs - fails} passed, {fails} failed")
     return 1 if fails else 0
 
