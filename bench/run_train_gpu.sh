@@ -9,6 +9,8 @@
 #   BASELINE=dir                  a second tree (its python/ and bench/, its library dir/libsluice.so):
 #                                 the sluice path runs with it too, in turn (new, baseline, new):
 #                                 $OUT/tgs-base.md
+#   PRESET=dsv3-ep4               another model preset (e.g. DeepSeek-V3's layer widths at EP 4)
+#   EXTRA="--opt-state-dtype bfloat16"   more sluice-train flags for every run
 # DATA: the corpus (sluice-prepare-data --out corpus.npz), made where the Debian docs are installed.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -21,12 +23,13 @@ export SLUICE_LIBRARY=$(realpath "$SLUICE_LIBRARY") DATA=$(realpath "$DATA")
 R=$(nvidia-smi -L | grep -c GPU)
 preset=dsv3-proxy
 [ "$R" -gt 1 ] && preset=dsv3-proxy-ep$R
+preset=${PRESET:-$preset}
 export PRESET=$preset EP=$R STEPS=${STEPS:-10}
 echo "GPUs: $R, preset $preset, $STEPS steps a run" | tee "$OUT/summary.txt"
 run() { # tree, output dir, path
   local tree=$1 dir=$2 impl=$3 lib=$SLUICE_LIBRARY
   [ "$tree" != . ] && lib=$(realpath "$tree/libsluice.so")
-  SLUICE_LIBRARY=$lib PYTHONPATH=$(realpath "$tree/python") IMPLS=$impl EXTRA="--eval-batches 1" \
+  SLUICE_LIBRARY=$lib PYTHONPATH=$(realpath "$tree/python") IMPLS=$impl EXTRA="--eval-batches 1 ${EXTRA:-}" \
     timeout "${T_RUN:-150}" bash "$tree/bench/bench_train.sh" tgs "$dir" >>"$OUT/train.log" 2>&1
   echo "$impl in $dir: rc=$?" | tee -a "$OUT/summary.txt"
 }
