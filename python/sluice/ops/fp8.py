@@ -102,6 +102,7 @@ __all__ = [
     "gmm_fp8_reference",
     "quantize",
     "quantize_act",
+    "quantize_both",
     "quantize_t",
     "quantize_weight",
     "scale_shape",
@@ -220,6 +221,17 @@ def quantize_t(x, *, power_of_two=False, row_range=None, pad_rows_to=1):
         )
 
     return jax.lax.platform_dependent(x, rr, cuda=kernel_path, default=jnp_path)
+
+
+def quantize_both(x, *, power_of_two=False, row_range=None, pad_rows_to=1):
+    """An activation x [..., R, C] in both of the layouts an FP8 matmul and its weight gradient
+    take: ((q, scale), (q_t, scale_t)) = (quantize(x, ACT), quantize_t(x, row_range=row_range,
+    pad_rows_to=pad_rows_to)), bit for bit: q by 1x128 blocks from every row of x, q_t by 128x1
+    blocks from the rows inside row_range, transposed and padded."""
+    act = quantize(x, ACT, power_of_two=power_of_two)
+    return act, quantize_t(
+        x, power_of_two=power_of_two, row_range=row_range, pad_rows_to=pad_rows_to
+    )
 
 
 def _quantize_kernel(x, rr, *, block, power_of_two, rows=None, transposed=False):

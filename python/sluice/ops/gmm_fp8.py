@@ -36,7 +36,7 @@ import numpy as np
 from . import checks
 from ._lib import register_targets
 from .checks import ShapeError
-from .fp8 import ACT, E4M3, WEIGHT, _gmm_operands, _tgmm_operands, quantize, quantize_t
+from .fp8 import E4M3, WEIGHT, _gmm_operands, _tgmm_operands, quantize, quantize_both
 from .gmm import _offset_array, ffi_call
 from .vma import match_vma
 
@@ -273,43 +273,46 @@ def gmm_with_recipe(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtyp
 
 
 def _fwd(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, recipe):
-    """y = gmm(x by ACT, w by WEIGHT). Saves x as given (the weight gradient quantizes it along the
-    rows), the quantized weights and their scales (the input gradient reuses them: a 128x128
-    block serves both contractions), group_sizes and group_offset."""
+    """y = gmm(x by ACT, w by WEIGHT). x is quantized in both of its layouts at once
+    (fp8.quantize_both): by ACT for y, and by ACT_T, written transposed, for the weight gradient.
+    Saves that transposed x (1 byte an element where x itself is 2 or 4), the quantized weights
+    and their scales (the input gradient reuses them: a 128x128 block serves both contractions),
+    group_sizes and group_offset."""
     p2 = recipe.power_of_two_scales
-    xq, xs = quantize(lhs, ACT, power_of_two=p2)
+    rows = _local_range(group_sizes, group_offset, rhs.shape[-3])
+    (xq, xs), (x_t, xs_t) = quantize_both(lhs, power_of_two=p2, row_range=rows, pad_rows_to=16)
     wq, ws = _quantized_weight(rhs, recipe)
     w_nt, ws_nt = (wq, ws) if transpose_rhs else (_swap(wq), _swap(ws))
     y = _gmm_nt(xq, xs, w_nt, ws_nt, group_sizes, group_offset, _kernel_dtype(out_dtype), skip)
-    # rhs's own dtype rides along as an empty array (the weight gradient comes out in it)
-    rhs_dtype = jnp.zeros((0,), rhs.dtype)
-    return y.astype(out_dtype), (lhs, wq, ws, group_sizes, group_offset, rhs_dtype)
+    # lhs's and rhs's own dtypes (and lhs's sharding type) ride along as empty arrays
+    lhs_like, rhs_dtype = lhs[:0, :0], jnp.zeros((0,), rhs.dtype)
+    return y.astype(out_dtype), (x_t, xs_t, wq, ws, group_sizes, group_offset, lhs_like, rhs_dtype)
 
 
 def _bwd(transpose_rhs, out_dtype, skip, recipe, res, dy):
     """dx = gmm(dy by ACT, the saved quantized w, transpose_rhs flipped); dw = tgmm(x, dy), both by
     ACT_T (128-row blocks along the contraction), their rows outside the local groups zeroed
-    first. The master weights are never re-quantized here."""
-    lhs, wq, ws, group_sizes, group_offset, rhs_dtype = res
+    first: x's from the forward, dy's from the same pass as its ACT blocks. The master weights are
+    never re-quantized here."""
+    x_t, xs_t, wq, ws, group_sizes, group_offset, lhs_like, rhs_dtype = res
     p2 = recipe.power_of_two_scales
     g_local = wq.shape[-3]
-    dyq, dys = quantize(dy, ACT, power_of_two=p2)
+    rows = _local_range(group_sizes, group_offset, g_local)
+    (dyq, dys), (dy_t, dys_t) = quantize_both(dy, power_of_two=p2, row_range=rows, pad_rows_to=16)
     # dx contracts N: the C op wants the weights as [G, K, N], i.e. w itself when the forward took
     # [G, K, N], and its transpose when the forward took [G, N, K].
     w_nt, ws_nt = (_swap(wq), _swap(ws)) if transpose_rhs else (wq, ws)
-    dx = _gmm_nt(dyq, dys, w_nt, ws_nt, group_sizes, group_offset, _kernel_dtype(lhs.dtype), skip)
-    # x and dy by ACT_T, written transposed ([K, M'] and [N, M'], M' = M rounded up to 16 as the
-    # CUDA kernel wants) by one quantization pass each
-    rows = _local_range(group_sizes, group_offset, g_local)
-    x_t, xs_t = quantize_t(lhs, power_of_two=p2, row_range=rows, pad_rows_to=16)
-    dy_t, dys_t = quantize_t(dy, power_of_two=p2, row_range=rows, pad_rows_to=16)
+    lhs_dtype = lhs_like.dtype
+    dx = _gmm_nt(dyq, dys, w_nt, ws_nt, group_sizes, group_offset, _kernel_dtype(lhs_dtype), skip)
+    # x and dy by ACT_T, transposed: [K, M'] and [N, M'], M' = M rounded up to 16 as the CUDA
+    # kernel wants
     a, a_s, b, b_s = (dy_t, dys_t, x_t, xs_t) if transpose_rhs else (x_t, xs_t, dy_t, dys_t)
     # the weight gradient in rhs's dtype (float32 master weights: straight from the kernel)
     rhs_dtype = rhs_dtype.dtype
     dw = _tgmm_tn(a, a_s, b, b_s, group_sizes, group_offset, g_local, _kernel_dtype(rhs_dtype))
     # As in the bf16 gmm's backward: the weight gradient runs before dx is used (see gmm.py).
-    dx, dw = jax.lax.optimization_barrier((dx.astype(lhs.dtype), dw.astype(rhs_dtype)))
-    return match_vma(dx, lhs), match_vma(dw, wq), None, None
+    dx, dw = jax.lax.optimization_barrier((dx.astype(lhs_dtype), dw.astype(rhs_dtype)))
+    return match_vma(dx, lhs_like), match_vma(dw, wq), None, None
 
 
 gmm_with_recipe.defvjp(_fwd, _bwd)
