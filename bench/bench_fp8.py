@@ -45,6 +45,8 @@ def open_lib(path):
         getattr(lib, f).argtypes = [ctypes.POINTER(GmmDesc)] + [ctypes.c_void_p] * 9
     lib.sl_quantize_fp8_cuda.restype = ctypes.c_int
     lib.sl_quantize_fp8_cuda.argtypes = [ctypes.POINTER(QuantDesc)] + [ctypes.c_void_p] * 6
+    lib.sl_quantize_fp8_both_cuda.restype = ctypes.c_int
+    lib.sl_quantize_fp8_both_cuda.argtypes = [ctypes.POINTER(QuantDesc)] + [ctypes.c_void_p] * 7
     lib.sl_last_error.restype = ctypes.c_char_p
     lib.sl_gmm_cuda_workspace_size.restype = ctypes.c_size_t
     return lib
@@ -353,25 +355,48 @@ def quantize_call(lib, d, x, q, qt, sc):
 
 def bench_quantize(lib, args):
     """GB/s of sl_quantize_fp8_cuda: activations by 1x128 (q), by 128x1 written transposed (q_t),
-    and weights by 128x128 written in both layouts."""
+    and weights by 128x128 written in both layouts; and of sl_quantize_fp8_both_cuda (an
+    activation's q and q_t from one read)."""
     import torch
 
     dev = torch.device("cuda")
     rows = []
-    cases = [
-        ("act 1x128 -> q", 32768, 7168, 1, 1, 128, True, False),
-        ("act 128x1 -> q_t", 32768, 7168, 1, 128, 1, False, True),
-        ("act 128x1 -> q_t (N 2048)", 32768, 2048, 1, 128, 1, False, True),
-        ("weight 128x128 -> q, q_t", 7168, 4096, 32, 128, 128, True, True),
+    cases = [  # name, rows, cols, batch, block (1x128 with both layouts: "both"), q, q_t
+        ("act 1x128 -> q", 32768, 7168, 1, (1, 128), True, False),
+        ("act 128x1 -> q_t", 32768, 7168, 1, (128, 1), False, True),
+        ("act 128x1 -> q_t (N 2048)", 32768, 2048, 1, (128, 1), False, True),
+        ("act 1x128 -> q and 128x1 -> q_t, one pass", 32768, 7168, 1, "both", True, True),
+        ("act both, one pass (N 2048)", 32768, 2048, 1, "both", True, True),
+        ("weight 128x128 -> q, q_t", 7168, 4096, 32, (128, 128), True, True),
     ]
-    for name, r, c, b, br, bc, wq, wqt in cases:
+    for name, r, c, b, block, wq, wqt in cases:
+        both = block == "both"
+        br, bc = (1, 128) if both else block
         x = torch.randn(b, r, c, device=dev, dtype=torch.bfloat16)
         q = torch.empty(b, r, c, device=dev, dtype=torch.uint8) if wq else None
         qt = torch.empty(b, c, r, device=dev, dtype=torch.uint8) if wqt else None
         ns = b * (r if br == 1 else (r + 127) // 128) * (c if bc == 1 else (c + 127) // 128)
         sc = torch.empty(ns, device=dev, dtype=torch.float32)
         d = QuantDesc(ctypes.sizeof(QuantDesc), b, r, c, r, SL_DTYPE_BF16, br, bc, 0)
-        call = quantize_call(lib, d, x, q, qt, sc)
+        if both:
+            sct = torch.empty(b * (r // 128) * c, device=dev, dtype=torch.float32)
+            ns += sct.numel()
+
+            def call(d=d, x=x, q=q, sc=sc, qt=qt, sct=sct):
+                st = lib.sl_quantize_fp8_both_cuda(
+                    ctypes.byref(d),
+                    x.data_ptr(),
+                    None,
+                    q.data_ptr(),
+                    sc.data_ptr(),
+                    qt.data_ptr(),
+                    sct.data_ptr(),
+                    torch.cuda.current_stream().cuda_stream,
+                )
+                check(lib, st, "quantize_fp8_both")
+
+        else:
+            call = quantize_call(lib, d, x, q, qt, sc)
         ms = time_cuda({"q": call}, args.iters)["q"]
         nbytes = b * r * c * (2 + int(wq) + int(wqt)) + 4 * ns
         gbs = nbytes / ms / 1e6
@@ -387,6 +412,23 @@ def bench_quantize(lib, args):
             }
         )
         print(json.dumps(rows[-1]), flush=True)
+    # what the memory does for a plain copy (torch, 1 GiB read + 1 GiB written): the attainable rate
+    a = torch.empty(1 << 30, device=dev, dtype=torch.uint8)
+    bb = torch.empty_like(a)
+    ms = time_cuda({"copy": lambda: bb.copy_(a)}, args.iters)["copy"]
+    gbs = 2 * a.numel() / ms / 1e6
+    rows.append(
+        {
+            "case": "copy (torch, for reference)",
+            "rows": 1,
+            "cols": a.numel(),
+            "batch": 1,
+            "ms": ms,
+            "GB/s": gbs,
+            "hbm_share": gbs / (HBM_TBS * 1000),
+        }
+    )
+    print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -475,13 +517,15 @@ def merge(args):
         "",
         "## Quantization (bf16 -> e4m3 + f32 scales)",
         "",
-        "| case | rows x cols (x batch) | ms | GB/s | share of 4.8 TB/s |",
-        "|---|---|---|---|---|",
+        "| case | rows x cols (x batch) | ms | GB/s | share of 4.8 TB/s | of the copy rate |",
+        "|---|---|---|---|---|---|",
     ]
+    copy = next((q["GB/s"] for q in qrows if q["case"].startswith("copy")), None)
     for q in qrows:
+        of_copy = f"{100 * q['GB/s'] / copy:.0f}%" if copy else "-"
         out.append(
             f"| {q['case']} | {q['rows']} x {q['cols']} (x {q['batch']}) | {q['ms']:.3f} | "
-            f"{q['GB/s']:.0f} | {100 * q['hbm_share']:.0f}% |"
+            f"{q['GB/s']:.0f} | {100 * q['hbm_share']:.0f}% | {of_copy} |"
         )
     if meta.get("clock"):
         out += ["", f"SM clock and board power while the benchmark ran: {meta['clock']}"]

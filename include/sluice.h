@@ -200,6 +200,16 @@ typedef struct sl_quantize_fp8_desc {
 sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *desc, const void *x,
                                const int32_t *row_range, void *q, void *q_t, float *scale,
                                void *stream);
+/* Both layouts of an activation in one pass over x, bit for bit the two sl_quantize_fp8_cuda calls
+ * they stand for (an FP8 matmul's lhs, and its weight gradient's operand):
+ *   q [batch, x_rows, cols] with scale [batch, x_rows, ceil(cols/128)]: 1 x 128 blocks of every
+ *   row of x (row_range does not apply);
+ *   q_t [batch, cols, rows] with scale_t [batch, ceil(rows/128), cols]: 128 x 1 blocks of x read
+ *   as [batch, rows, cols], rows past x_rows and outside row_range zero, written transposed.
+ * desc's block must be (1, 128). All four outputs are required. */
+sl_status sl_quantize_fp8_both_cuda(const sl_quantize_fp8_desc *desc, const void *x,
+                                    const int32_t *row_range, void *q, float *scale, void *q_t,
+                                    float *scale_t, void *stream);
 
 /* 1 if the library was built with CUDA kernels, else 0. */
 int sl_has_cuda(void);

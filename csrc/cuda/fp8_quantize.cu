@@ -32,6 +32,7 @@ struct QArgs {
   const int32_t *row_range; /* device int32 [batch][2] (lo, hi) or NULL: rows read from x */
   uint8_t *q, *qt;           /* [B, rows, cols], [B, cols, rows]; NULL: not written */
   float *scale;
+  float *scale_t;                      /* quantize_both's q_t scale (128 x 1 blocks) */
   long long batch, rows, cols, x_rows; /* rows of the output; rows present in x (<= rows) */
   int br, bc;                   /* block: (1, 128), (128, 1) or (128, 128) */
   int pow2;
@@ -262,11 +263,11 @@ __device__ __forceinline__ uint4 flush8(uint4 v) {
   return make_uint4(flush2<T>(v.x), flush2<T>(v.y), flush2<T>(v.z), flush2<T>(v.w));
 }
 
-/* The amax (float) of a block from the largest 16-bit magnitude m (of flushed words); inf and NaN
- * stay (block_scale makes their scale NaN). */
+/* The amax (float) of a block from the largest 16-bit magnitude m: a bf16 float32 subnormal reads
+ * as zero; inf and NaN stay (block_scale makes their scale NaN). */
 template <sl_dtype T>
 __device__ __forceinline__ float amax_of(uint32_t m) {
-  if constexpr (T == SL_DTYPE_BF16) return __uint_as_float(m << 16);
+  if constexpr (T == SL_DTYPE_BF16) return m < 0x80u ? 0.f : __uint_as_float(m << 16);
   else return __half2float(__ushort_as_half((unsigned short)m));
 }
 __device__ __forceinline__ uint32_t max_halves(uint32_t m) { return max(m & 0xFFFFu, m >> 16); }
@@ -352,20 +353,27 @@ __global__ void __launch_bounds__(kThreads) quantize_rows16_kernel(QArgs a) {
   }
 }
 
-/* 128 x 1 or 128 x 128 blocks, q and/or q_t: a 128 x 128 tile through shared memory (cp.async, 16
- * bytes a copy; rows not read from x are zero-filled), kept as 16-bit values. Thread (warp w, lane
- * l) holds rows [16 w, 16 w + 16) of columns [4 l, 4 l + 4) in registers: the block maxima (per
- * column over the 8 warps, or the whole tile), then q (4 bytes of a row a store, a warp's 128
- * bytes contiguous) and q_t (16 rows of a column a 16-byte store). */
-template <sl_dtype T, bool PER_COL>
+/* The tile kernel's modes: 128 x 1 blocks (q and/or q_t), 128 x 128 blocks (q and/or q_t), or
+ * both layouts of an activation (sl_quantize_fp8_both_cuda: q by 1 x 128 blocks from every row,
+ * q_t by 128 x 1 blocks from the rows in row_range). */
+enum TileMode { kPerCol, kWhole, kBoth };
+
+/* A 128 x 128 tile through shared memory (cp.async, 16 bytes a copy; rows not read from x are
+ * zero-filled), kept as 16-bit values. Thread (warp w, lane l) holds rows [16 w, 16 w + 16) of
+ * columns [4 l, 4 l + 4) in registers: the block maxima (per column over the 8 warps, or the whole
+ * tile; kBoth also per row, from a second read of the tile: a thread per half row, its 16-byte
+ * chunks rotated by lane so that 8 lanes hit 8 bank groups), then q (4 bytes of a row a store, a
+ * warp's 128 bytes contiguous) and q_t (16 rows of a column a 16-byte store). */
+template <sl_dtype T, TileMode MODE>
 __global__ void __launch_bounds__(kThreads) quantize_tile16_kernel(QArgs a) {
   __shared__ __align__(16) uint16_t tile[kT * kT];
   __shared__ uint2 red[kThreads / 32][32];
-  __shared__ BlockScale sc[kT];
+  __shared__ BlockScale sc[kT], sc_row[MODE == kBoth ? kT : 1];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const long long b = blockIdx.z, r0 = (long long)blockIdx.x * kT, c0 = (long long)blockIdx.y * kT;
   const long long R = a.rows, C = a.cols;
-  const Live live = live_rows(a, b);
+  /* the rows loaded, and (kBoth) the rows q_t reads: row_range's */
+  const Live range = live_rows(a, b), live = MODE == kBoth ? Live{0, a.x_rows} : range;
   const uint16_t *xb = (const uint16_t *)a.x + (size_t)b * a.x_rows * C;
 #pragma unroll
   for (int j = 0; j < kT * kT / 8 / kThreads; ++j) {
@@ -379,15 +387,34 @@ __global__ void __launch_bounds__(kThreads) quantize_tile16_kernel(QArgs a) {
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   __syncthreads();
+  const long long rw = r0 + warp * 16; /* this thread's first row */
   uint2 v[16];
   uint32_t m0 = 0u, m1 = 0u;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     v[i] = *reinterpret_cast<const uint2 *>(tile + (warp * 16 + i) * kT + lane * 4);
     v[i].x = flush2<T>(v[i].x), v[i].y = flush2<T>(v[i].y);
-    m0 = __vmaxu2(m0, v[i].x & kMag2), m1 = __vmaxu2(m1, v[i].y & kMag2);
+    if (MODE != kBoth || range.has(rw + i))
+      m0 = __vmaxu2(m0, v[i].x & kMag2), m1 = __vmaxu2(m1, v[i].y & kMag2);
   }
-  if (PER_COL) {
+  if (MODE == kBoth) { /* row tid / 2's 1 x 128 block, half tid % 2 of it here */
+    const int row = tid >> 1, half = tid & 1;
+    const uint4 *src = reinterpret_cast<const uint4 *>(tile + row * kT + half * 64);
+    uint32_t m = 0u;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint4 u = src[(k + lane) & 7];
+      m = __vimax3_u16x2(m, u.x & kMag2, u.y & kMag2);
+      m = __vimax3_u16x2(m, u.z & kMag2, u.w & kMag2);
+    }
+    m = __vmaxu2(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    if (half == 0) {
+      sc_row[row] = make_scale(amax_of<T>(max_halves(m)), a.pow2);
+      if (r0 + row < a.x_rows && c0 < C)
+        a.scale[((size_t)b * a.x_rows + r0 + row) * ((C + 127) / 128) + blockIdx.y] = sc_row[row].s;
+    }
+  }
+  if (MODE != kWhole) {
     red[warp][lane] = make_uint2(m0, m1);
     __syncthreads();
     if (tid < kT) { /* column tid: lane tid / 4, word (tid / 2) % 2, half tid % 2 */
@@ -398,7 +425,8 @@ __global__ void __launch_bounds__(kThreads) quantize_tile16_kernel(QArgs a) {
         m = max(m, (((tid >> 1) & 1) ? p.y : p.x) >> (16 * (tid & 1)) & 0xFFFFu);
       }
       sc[tid] = make_scale(amax_of<T>(m), a.pow2);
-      if (c0 + tid < C) a.scale[((size_t)b * ((R + 127) / 128) + blockIdx.x) * C + c0 + tid] = sc[tid].s;
+      float *st = MODE == kBoth ? a.scale_t : a.scale;
+      if (c0 + tid < C) st[((size_t)b * ((R + 127) / 128) + blockIdx.x) * C + c0 + tid] = sc[tid].s;
     }
   } else {
     uint32_t m = max_halves(__vmaxu2(m0, m1));
@@ -415,11 +443,26 @@ __global__ void __launch_bounds__(kThreads) quantize_tile16_kernel(QArgs a) {
     }
   }
   __syncthreads();
-  const long long c = c0 + lane * 4, rw = r0 + warp * 16;
+  const long long c = c0 + lane * 4;
   if (c >= C || rw >= R) return;
-  const BlockScale s0 = sc[PER_COL ? lane * 4 : 0], s1 = sc[PER_COL ? lane * 4 + 1 : 0];
-  const BlockScale s2 = sc[PER_COL ? lane * 4 + 2 : 0], s3 = sc[PER_COL ? lane * 4 + 3 : 0];
   uint32_t q[16]; /* row rw + i, columns c .. c + 3 */
+  if (MODE == kBoth && a.q) { /* q by each row's 1 x 128 scale, rows of x only */
+    uint8_t *qb = a.q + (size_t)b * a.x_rows * C;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const BlockScale s = sc_row[warp * 16 + i]; /* (the same for the warp) */
+      const uint32_t w = s.exact ? q4<T, true>(v[i].x, v[i].y, s, s, s, s)
+                                 : q4<T, false>(v[i].x, v[i].y, s, s, s, s);
+      if (rw + i < a.x_rows) *reinterpret_cast<uint32_t *>(qb + (rw + i) * C + c) = w;
+    }
+  }
+  if (MODE == kBoth) { /* q_t reads the rows of row_range only */
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      if (!range.has(rw + i)) v[i] = make_uint2(0u, 0u);
+  }
+  const BlockScale s0 = sc[MODE == kWhole ? 0 : lane * 4], s1 = sc[MODE == kWhole ? 0 : lane * 4 + 1];
+  const BlockScale s2 = sc[MODE == kWhole ? 0 : lane * 4 + 2], s3 = sc[MODE == kWhole ? 0 : lane * 4 + 3];
   if (!(s0.exact || s1.exact || s2.exact || s3.exact)) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) q[i] = q4<T, false>(v[i].x, v[i].y, s0, s1, s2, s3);
@@ -427,7 +470,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tile16_kernel(QArgs a) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) q[i] = q4<T, true>(v[i].x, v[i].y, s0, s1, s2, s3);
   }
-  if (a.q) {
+  if (MODE != kBoth && a.q) {
     uint8_t *qb = a.q + (size_t)b * R * C;
 #pragma unroll
     for (int i = 0; i < 16; ++i)
@@ -461,16 +504,16 @@ std::mutex g_smem_mutex;
 
 } /* namespace */
 
-extern "C" sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *d, const void *x,
-                                          const int32_t *row_range, void *q, void *q_t,
-                                          float *scale, void *stream) {
-  const char *op = "quantize_fp8";
+namespace {
+
+/* The checks both entry points share, the general kernel's shared-memory opt-in, and x's
+ * arguments. */
+sl_status prepare(const sl_quantize_fp8_desc *d, const void *x, const int32_t *row_range,
+                  const char *op, QArgs *a) {
   sl_status st = sl_quantize_fp8_check(d, op);
   if (st != SL_STATUS_SUCCESS) return st;
-  if (d->rows == 0 || d->cols == 0 || d->batch == 0) return SL_STATUS_SUCCESS;
-  if ((x == NULL && d->x_rows > 0) || scale == NULL || (q == NULL && q_t == NULL))
-    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
-                        "%s: x, scale and at least one of q and q_t must be given", op);
+  if (x == NULL && d->x_rows > 0)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "%s: x is NULL", op);
   if ((d->rows + kT - 1) / kT > INT32_MAX || (d->cols + kT - 1) / kT > 65535 || d->batch > 65535)
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "%s: at most 65535 column tiles of 128 and 65535 problems", op);
@@ -486,17 +529,45 @@ extern "C" sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *d, const v
   }
   if (err != cudaSuccess)
     return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: %s", op, cudaGetErrorString(err));
+  *a = QArgs{};
+  a->x = x, a->row_range = row_range;
+  a->batch = d->batch, a->rows = d->rows, a->cols = d->cols, a->x_rows = d->x_rows;
+  a->br = d->block_rows, a->bc = d->block_cols, a->pow2 = d->power_of_two != 0;
+  a->dtype = d->dtype;
+  return SL_STATUS_SUCCESS;
+}
+
+/* 16-bit x whose rows are 16-byte aligned, and aligned outputs: the fast kernels' inputs. */
+bool fast16(const QArgs &a, const void *q, const void *q_t) {
+  return (a.dtype == SL_DTYPE_BF16 || a.dtype == SL_DTYPE_F16) && a.cols % 8 == 0 &&
+         (uintptr_t)a.x % 16 == 0 && (uintptr_t)q % 16 == 0 && (uintptr_t)q_t % 16 == 0;
+}
+
+sl_status launched(const char *op) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: launch failed: %s", op, cudaGetErrorString(err));
+  return SL_STATUS_SUCCESS;
+}
+
+} /* namespace */
+
+extern "C" sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *d, const void *x,
+                                          const int32_t *row_range, void *q, void *q_t,
+                                          float *scale, void *stream) {
+  const char *op = "quantize_fp8";
   QArgs a;
-  a.x = x, a.row_range = row_range, a.q = (uint8_t *)q, a.qt = (uint8_t *)q_t, a.scale = scale;
-  a.batch = d->batch, a.rows = d->rows, a.cols = d->cols, a.x_rows = d->x_rows;
-  a.br = d->block_rows, a.bc = d->block_cols, a.pow2 = d->power_of_two != 0;
-  a.dtype = d->dtype;
+  sl_status st = prepare(d, x, row_range, op, &a);
+  if (st != SL_STATUS_SUCCESS) return st;
+  if (scale == NULL || (q == NULL && q_t == NULL))
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "%s: scale and at least one of q and q_t must be given", op);
+  if (d->rows == 0 || d->cols == 0 || d->batch == 0) return SL_STATUS_SUCCESS;
+  a.q = (uint8_t *)q, a.qt = (uint8_t *)q_t, a.scale = scale;
   cudaStream_t s = (cudaStream_t)stream;
-  /* 16-bit x whose rows are 16-byte aligned, outputs aligned: the fast kernels; the rest (float32
-   * x, odd widths, 1 x 128 blocks with q_t) the general one */
-  const bool fast = (a.dtype == SL_DTYPE_BF16 || a.dtype == SL_DTYPE_F16) && a.cols % 8 == 0 &&
-                    (uintptr_t)x % 16 == 0 && (uintptr_t)q % 16 == 0 && (uintptr_t)q_t % 16 == 0;
-  const bool bf16 = a.dtype == SL_DTYPE_BF16;
+  /* 16-bit x: the fast kernels; the rest (float32 x, odd widths, 1 x 128 blocks with q_t) the
+   * general one */
+  const bool fast = fast16(a, q, q_t), bf16 = a.dtype == SL_DTYPE_BF16;
   const unsigned col_tiles = (unsigned)((d->cols + kT - 1) / kT), B = (unsigned)d->batch;
   const dim3 tiles((unsigned)((d->rows + kT - 1) / kT), col_tiles, B);
   if (fast && a.br == 1 && a.qt == nullptr) {
@@ -507,16 +578,49 @@ extern "C" sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *d, const v
       quantize_rows16_kernel<SL_DTYPE_F16><<<grid, kThreads, 0, s>>>(a);
   } else if (fast && a.br == 128) {
     if (a.bc == 1)
-      bf16 ? quantize_tile16_kernel<SL_DTYPE_BF16, true><<<tiles, kThreads, 0, s>>>(a)
-           : quantize_tile16_kernel<SL_DTYPE_F16, true><<<tiles, kThreads, 0, s>>>(a);
+      bf16 ? quantize_tile16_kernel<SL_DTYPE_BF16, kPerCol><<<tiles, kThreads, 0, s>>>(a)
+           : quantize_tile16_kernel<SL_DTYPE_F16, kPerCol><<<tiles, kThreads, 0, s>>>(a);
     else
-      bf16 ? quantize_tile16_kernel<SL_DTYPE_BF16, false><<<tiles, kThreads, 0, s>>>(a)
-           : quantize_tile16_kernel<SL_DTYPE_F16, false><<<tiles, kThreads, 0, s>>>(a);
+      bf16 ? quantize_tile16_kernel<SL_DTYPE_BF16, kWhole><<<tiles, kThreads, 0, s>>>(a)
+           : quantize_tile16_kernel<SL_DTYPE_F16, kWhole><<<tiles, kThreads, 0, s>>>(a);
   } else {
     quantize_kernel<<<tiles, kThreads, kSmemBytes, s>>>(a);
   }
-  err = cudaGetLastError();
-  if (err != cudaSuccess)
-    return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: launch failed: %s", op, cudaGetErrorString(err));
-  return SL_STATUS_SUCCESS;
+  return launched(op);
+}
+
+extern "C" sl_status sl_quantize_fp8_both_cuda(const sl_quantize_fp8_desc *d, const void *x,
+                                               const int32_t *row_range, void *q, float *scale,
+                                               void *q_t, float *scale_t, void *stream) {
+  const char *op = "quantize_fp8_both";
+  QArgs a;
+  sl_status st = prepare(d, x, row_range, op, &a);
+  if (st != SL_STATUS_SUCCESS) return st;
+  if (d->block_rows != 1 || d->block_cols != 128)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "%s: the descriptor's block must be 1x128 (q's; q_t's is 128x1), got %dx%d",
+                        op, d->block_rows, d->block_cols);
+  if (q == NULL || scale == NULL || q_t == NULL || scale_t == NULL)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "%s: q, scale, q_t and scale_t must be given",
+                        op);
+  if (d->rows == 0 || d->cols == 0 || d->batch == 0) return SL_STATUS_SUCCESS;
+  if (!fast16(a, q, q_t)) { /* the two passes it stands for */
+    sl_quantize_fp8_desc dq = *d, dt = *d;
+    dq.rows = d->x_rows;
+    dt.block_rows = 128, dt.block_cols = 1;
+    st = dq.rows == 0 ? SL_STATUS_SUCCESS
+                      : sl_quantize_fp8_cuda(&dq, x, NULL, q, NULL, scale, stream);
+    return st != SL_STATUS_SUCCESS ? st
+                                   : sl_quantize_fp8_cuda(&dt, x, row_range, NULL, q_t, scale_t,
+                                                          stream);
+  }
+  a.q = (uint8_t *)q, a.qt = (uint8_t *)q_t, a.scale = scale, a.scale_t = scale_t;
+  const dim3 tiles((unsigned)((d->rows + kT - 1) / kT), (unsigned)((d->cols + kT - 1) / kT),
+                   (unsigned)d->batch);
+  cudaStream_t s = (cudaStream_t)stream;
+  if (a.dtype == SL_DTYPE_BF16)
+    quantize_tile16_kernel<SL_DTYPE_BF16, kBoth><<<tiles, kThreads, 0, s>>>(a);
+  else
+    quantize_tile16_kernel<SL_DTYPE_F16, kBoth><<<tiles, kThreads, 0, s>>>(a);
+  return launched(op);
 }

@@ -60,11 +60,86 @@ def reference(x, rows, br, bc, pow2, ranges):
     return q, scale
 
 
+def make_x(rng, b, xr, c, dt, specials):
+    """x [b, xr, c] as float32 numpy (values of dtype dt) and as a CUDA tensor of dtype dt."""
+    lo, hi = (-10, 4) if dt == SL_F16 else (-30, 10)  # (float16 overflows past 65504)
+    x = (rng.standard_normal((b, xr, c)) * np.exp(rng.uniform(lo, hi, (b, xr, 1)))).astype(
+        np.float32
+    )
+    if specials:
+        x[0, 0, :128] = 0  # a zero block (1x128) / part of one
+        x[0, 1, 3] = 1e-39  # a float32 subnormal
+        x[0, 1, 4] = -1e-39  # a negative one (+0 in q, not -0)
+        x[0, 1, 6] = -0.0
+        x[0, 2, 5] = np.inf
+        x[-1, 3, 7] = np.nan
+        x[0, 4, 9] = 3e38 if dt != SL_F16 else 6e4
+        x[0, 5] *= 2.0**-100  # a block whose scale is below 2^-90 (divided, not corrected)
+        x[0, 6, 16:] = 0.0
+        x[0, 6, 17] = 2.0**-120  # a block of one tiny value
+        x[0, 7, :] = -0.0
+        x[0, : min(128, xr), 20] *= 2.0**-100  # 128x1: a column block of tiny values
+    if dt == SL_BF16:
+        x = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+    elif dt == SL_F16:
+        x = x.astype(np.float16).astype(np.float32)
+    xt = torch.tensor(x, device="cuda")
+    return x, (xt.bfloat16() if dt == SL_BF16 else xt.half() if dt == SL_F16 else xt)
+
+
+def report(name, x, checks):
+    """Prints ok / FAIL for the (what, got, want) checks, q's first few differences; True if ok."""
+    same = {}
+    for what, got, want in checks:
+        if what.startswith("scale"):
+            same[what] = np.array_equal(got, want, equal_nan=True)
+            continue
+        nan = (want & 0x7F) == 0x7F
+        bad = np.argwhere(np.where(nan, (got & 0x7F) != 0x7F, got != want))
+        same[what] = len(bad) == 0
+        for i in map(tuple, bad[:4]):  # (batch, row, col): x, want, got
+            xv = x[i] if i[1] < x.shape[1] else 0.0
+            print(f"     {what} at {i}: x {xv!r} want {want[i]:#04x} got {got[i]:#04x}")
+    ok = all(same.values())
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: " + ", ".join(f"{k} {v}" for k, v in same.items()))
+    return ok
+
+
+def check_both(lib, x, xt, rows, ranges, dt, pow2):
+    """sl_quantize_fp8_both_cuda against the reference's 1x128 q of every row of x and 128x1 q_t of
+    the rows in ranges (x read as `rows` rows)."""
+    b, xr, c = x.shape
+    q_ref, s_ref = reference(x, xr, 1, 128, pow2, [(0, xr)] * b)
+    qt_ref, st_ref = reference(x, rows, 128, 1, pow2, ranges)
+    q = torch.full((b, xr, c), 0xAB, device="cuda", dtype=torch.uint8)
+    qt = torch.full((b, c, rows), 0xAB, device="cuda", dtype=torch.uint8)
+    sc = torch.full((s_ref.size,), float("nan"), device="cuda")
+    sct = torch.full((st_ref.size,), float("nan"), device="cuda")
+    vr = torch.tensor(ranges, device="cuda", dtype=torch.int32)
+    d = QuantDesc(ctypes.sizeof(QuantDesc), b, rows, c, xr, dt, 1, 128, pow2)
+    ptrs = (xt, vr, q, sc, qt, sct)
+    st = lib.sl_quantize_fp8_both_cuda(ctypes.byref(d), *(t.data_ptr() for t in ptrs), None)
+    torch.cuda.synchronize()
+    name = f"both b{b} rows {xr}->{rows} cols {c} pow2 {pow2} dtype {dt}"
+    if st != 0:
+        print(f"FAIL {name}: {lib.sl_last_error().decode()}")
+        return False
+    checks = [
+        ("q", q.cpu().numpy(), q_ref),
+        ("scale", sc.cpu().numpy().reshape(s_ref.shape), s_ref),
+        ("q_t", qt.cpu().numpy().transpose(0, 2, 1), qt_ref),
+        ("scale_t", sct.cpu().numpy().reshape(st_ref.shape), st_ref),
+    ]
+    return report(name, x, checks)
+
+
 def main(lib_path):
     np.seterr(over="ignore")  # pow2_ceil's 448 * p may overflow to inf, as in float32 on the GPU
     lib = ctypes.CDLL(lib_path)
     lib.sl_quantize_fp8_cuda.restype = ctypes.c_int
     lib.sl_quantize_fp8_cuda.argtypes = [ctypes.POINTER(QuantDesc)] + [ctypes.c_void_p] * 6
+    lib.sl_quantize_fp8_both_cuda.restype = ctypes.c_int
+    lib.sl_quantize_fp8_both_cuda.argtypes = [ctypes.POINTER(QuantDesc)] + [ctypes.c_void_p] * 7
     lib.sl_last_error.restype = ctypes.c_char_p
     rng = np.random.default_rng(7)
     fails = runs = 0
@@ -88,34 +163,9 @@ def main(lib_path):
         (1, 1024, 1024, 1024, (128, 128), 0, SL_BF16, 1.0, False),
     ]
     for b, xr, rows, c, (br, bc), pow2, dt, frac, specials in cases:
-        lo, hi = (-10, 4) if dt == SL_F16 else (-30, 10)  # (float16 overflows past 65504)
-        x = (rng.standard_normal((b, xr, c)) * np.exp(rng.uniform(lo, hi, (b, xr, 1)))).astype(
-            np.float32
-        )
-        if specials:
-            x[0, 0, :128] = 0  # a zero block (1x128) / part of one
-            x[0, 1, 3] = 1e-39  # a float32 subnormal
-            x[0, 1, 4] = -1e-39  # a negative one (+0 in q, not -0)
-            x[0, 1, 6] = -0.0
-            x[0, 2, 5] = np.inf
-            x[-1, 3, 7] = np.nan
-            x[0, 4, 9] = 3e38 if dt != SL_F16 else 6e4
-            x[0, 5] *= 2.0**-100  # a block whose scale is below 2^-90 (divided, not corrected)
-            x[0, 6, 16:] = 0.0
-            x[0, 6, 17] = 2.0**-120  # a block of one tiny value
-            x[0, 7, :] = -0.0
-            x[0, : min(128, xr), 20] *= 2.0**-100  # 128x1: a column block of tiny values
-        if dt == SL_BF16:
-            x = x.astype(ml_dtypes.bfloat16).astype(np.float32)
-        elif dt == SL_F16:
-            x = x.astype(np.float16).astype(np.float32)
+        x, xt = make_x(rng, b, xr, c, dt, specials)
         ranges = [(i * 3, int(frac * rows)) for i in range(b)]
         q_ref, s_ref = reference(x, rows, br, bc, pow2, ranges)
-        xt = torch.tensor(x, device="cuda")
-        if dt == SL_BF16:
-            xt = xt.bfloat16()
-        elif dt == SL_F16:
-            xt = xt.half()
         vr = torch.tensor(ranges, device="cuda", dtype=torch.int32)
         # q and q_t together (the tile kernel), and each alone (1x128 q alone: the row kernel)
         for want_q, want_qt in ((True, True), (True, False), (False, True)):
@@ -144,19 +194,14 @@ def main(lib_path):
                 continue
             qg, qtg = q.cpu().numpy(), qt.cpu().numpy().transpose(0, 2, 1)
             sg = sc.cpu().numpy().reshape(s_ref.shape)
-            nan_q = (q_ref & 0x7F) == 0x7F
-            same_q = not want_q or np.where(nan_q, (qg & 0x7F) == 0x7F, qg == q_ref).all()
-            same_qt = not want_qt or np.where(nan_q, (qtg & 0x7F) == 0x7F, qtg == q_ref).all()
-            same_s = np.array_equal(sg, s_ref, equal_nan=True)
-            ok = same_q and same_qt and same_s
-            fails += not ok
-            print(f"{'ok  ' if ok else 'FAIL'} {name}: q {same_q}, q_t {same_qt}, scale {same_s}")
-            for got, same in ((qg, same_q), (qtg, same_qt)):
-                if not same:  # the first few differing elements: (batch, row, col) x, want, got
-                    bad = np.argwhere(np.where(nan_q, (got & 0x7F) != 0x7F, got != q_ref))
-                    for i in map(tuple, bad[:4]):
-                        xv = x[i] if i[1] < xr else 0.0
-                        print(f"     at {i}: x {xv!r} want {q_ref[i]:#04x} got {got[i]:#04x}")
+            checks = [("scale", sg, s_ref)]
+            checks += [("q", qg, q_ref)] if want_q else []
+            checks += [("q_t", qtg, q_ref)] if want_qt else []
+            fails += not report(name, x, checks)
+        # both layouts in one pass (sl_quantize_fp8_both_cuda) where x is an activation
+        if (br, bc) != (128, 128):
+            runs += 1
+            fails += not check_both(lib, x, xt, rows, ranges, dt, pow2)
     print(f"{runs - fails} passed, {fails} failed")
     return 1 if fails else 0
 

@@ -74,7 +74,12 @@ from .checks import ShapeError
 from .gmm import gmm_reference, tgmm_reference
 from .vma import _vary_kw
 
-register_targets({"sluice_quantize_fp8": "sl_ffi_quantize_fp8"})
+register_targets(
+    {
+        "sluice_quantize_fp8": "sl_ffi_quantize_fp8",
+        "sluice_quantize_fp8_both": "sl_ffi_quantize_fp8_both",
+    }
+)
 
 E4M3 = jnp.dtype(jnp.float8_e4m3fn)
 E4M3_MAX = 448.0
@@ -227,11 +232,38 @@ def quantize_both(x, *, power_of_two=False, row_range=None, pad_rows_to=1):
     """An activation x [..., R, C] in both of the layouts an FP8 matmul and its weight gradient
     take: ((q, scale), (q_t, scale_t)) = (quantize(x, ACT), quantize_t(x, row_range=row_range,
     pad_rows_to=pad_rows_to)), bit for bit: q by 1x128 blocks from every row of x, q_t by 128x1
-    blocks from the rows inside row_range, transposed and padded."""
-    act = quantize(x, ACT, power_of_two=power_of_two)
-    return act, quantize_t(
-        x, power_of_two=power_of_two, row_range=row_range, pad_rows_to=pad_rows_to
-    )
+    blocks from the rows inside row_range, transposed and padded. On a GPU one kernel pass reads
+    x once for both (sl_quantize_fp8_both_cuda)."""
+    x = _check_x("quantize_both", x)
+    *lead, r, c = x.shape
+    rp = -(-r // pad_rows_to) * pad_rows_to
+    rr = _row_range(x, row_range, None)
+
+    def jnp_path(x, rr):
+        act = quantize(x, ACT, power_of_two=power_of_two)
+        return act, quantize_t(x, power_of_two=power_of_two, row_range=rr, pad_rows_to=pad_rows_to)
+
+    def kernel_path(x, rr):
+        kw = _vary_kw(x, rr)
+        call = jax.ffi.ffi_call(
+            "sluice_quantize_fp8_both",
+            (
+                jax.ShapeDtypeStruct((*lead, r, c), E4M3, **kw),
+                jax.ShapeDtypeStruct((*lead, r, -(-c // BLOCK)), jnp.float32, **kw),
+                jax.ShapeDtypeStruct((*lead, c, rp), E4M3, **kw),
+                jax.ShapeDtypeStruct((*lead, -(-rp // BLOCK), c), jnp.float32, **kw),
+            ),
+            vmap_method="broadcast_all",
+        )
+        q, s, qt, st = call(
+            x,
+            jnp.broadcast_to(rr, (*lead, 2)),
+            rows=np.int64(rp),
+            power_of_two=np.int64(bool(power_of_two)),
+        )
+        return (q, s), (qt, st)
+
+    return jax.lax.platform_dependent(x, rr, cuda=kernel_path, default=jnp_path)
 
 
 def _quantize_kernel(x, rr, *, block, power_of_two, rows=None, transposed=False):

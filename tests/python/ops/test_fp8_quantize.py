@@ -199,6 +199,43 @@ def test_jit_and_vmap():
     assert deq.shape == x.shape and deq.dtype == jnp.float32
 
 
+@pytest.mark.parametrize(
+    "shape, dtype",
+    [
+        ((300, 384), jnp.bfloat16),
+        ((2, 129, 200), jnp.bfloat16),
+        ((257, 136), jnp.float16),
+        ((130, 257), jnp.bfloat16),  # cols % 8: (on a GPU) the two passes it stands for
+        ((200, 256), jnp.float32),
+    ],
+)
+@pytest.mark.parametrize("power_of_two", [False, True])
+def test_quantize_both_is_the_two_layouts(shape, dtype, power_of_two):
+    """quantize_both = (quantize(x, ACT), quantize_t(x, row_range, pad_rows_to)) bit for bit, on
+    the CPU's jnp and the GPU's one-pass kernel alike: rows outside row_range (NaN here) reach q
+    but not q_t or its scales; float32 subnormals and -0 read as +0."""
+    x = np.array(scaled_normal(shape, jnp.float32))
+    r = shape[-2]
+    x[..., r - 7 :, :5] = np.nan  # outside the row range below
+    x[..., 1, 2], x[..., 1, 3], x[..., 2, :] = 1e-39, -1e-39, -0.0
+    x = jnp.asarray(x, dtype)
+    rows = (jnp.int32(3), jnp.int32(r - 7))
+    both = jax.jit(
+        lambda a, lo, hi: fp8.quantize_both(
+            a, power_of_two=power_of_two, row_range=(lo, hi), pad_rows_to=16
+        )
+    )
+    (q, s), (qt, st) = both(x, *rows)
+    q0, s0 = fp8.quantize(x, fp8.ACT, power_of_two=power_of_two)
+    qt0, st0 = fp8.quantize_t(x, power_of_two=power_of_two, row_range=rows, pad_rows_to=16)
+    assert q.shape == x.shape and qt.shape == (*shape[:-2], shape[-1], -(-r // 16) * 16)
+    np.testing.assert_array_equal(bits(q), bits(q0))
+    np.testing.assert_array_equal(np.asarray(s), np.asarray(s0))
+    np.testing.assert_array_equal(bits(qt), bits(qt0))
+    np.testing.assert_array_equal(np.asarray(st), np.asarray(st0))
+    assert np.isnan(np.asarray(s)).any() and not np.isnan(np.asarray(st)).any()
+
+
 def test_weight_blocks_serve_both_orientations():
     w = scaled_normal((3, 200, 300))
     q, scale = fp8.quantize_weight(w)
