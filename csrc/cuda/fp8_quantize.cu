@@ -507,13 +507,11 @@ std::mutex g_smem_mutex;
 namespace {
 
 /* The checks both entry points share, the general kernel's shared-memory opt-in, and x's
- * arguments. */
+ * arguments (its pointers are checked by the callers, after zero sizes have returned). */
 sl_status prepare(const sl_quantize_fp8_desc *d, const void *x, const int32_t *row_range,
                   const char *op, QArgs *a) {
   sl_status st = sl_quantize_fp8_check(d, op);
   if (st != SL_STATUS_SUCCESS) return st;
-  if (x == NULL && d->x_rows > 0)
-    return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "%s: x is NULL", op);
   if ((d->rows + kT - 1) / kT > INT32_MAX || (d->cols + kT - 1) / kT > 65535 || d->batch > 65535)
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "%s: at most 65535 column tiles of 128 and 65535 problems", op);
@@ -559,10 +557,10 @@ extern "C" sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *d, const v
   QArgs a;
   sl_status st = prepare(d, x, row_range, op, &a);
   if (st != SL_STATUS_SUCCESS) return st;
-  if (scale == NULL || (q == NULL && q_t == NULL))
-    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
-                        "%s: scale and at least one of q and q_t must be given", op);
   if (d->rows == 0 || d->cols == 0 || d->batch == 0) return SL_STATUS_SUCCESS;
+  if ((x == NULL && d->x_rows > 0) || scale == NULL || (q == NULL && q_t == NULL))
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "%s: x, scale and at least one of q and q_t must be given", op);
   a.q = (uint8_t *)q, a.qt = (uint8_t *)q_t, a.scale = scale;
   cudaStream_t s = (cudaStream_t)stream;
   /* 16-bit x: the fast kernels; the rest (float32 x, odd widths, 1 x 128 blocks with q_t) the
@@ -600,10 +598,11 @@ extern "C" sl_status sl_quantize_fp8_both_cuda(const sl_quantize_fp8_desc *d, co
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "%s: the descriptor's block must be 1x128 (q's; q_t's is 128x1), got %dx%d",
                         op, d->block_rows, d->block_cols);
-  if (q == NULL || scale == NULL || q_t == NULL || scale_t == NULL)
-    return sl_set_error(SL_STATUS_INVALID_ARGUMENT, "%s: q, scale, q_t and scale_t must be given",
-                        op);
   if (d->rows == 0 || d->cols == 0 || d->batch == 0) return SL_STATUS_SUCCESS;
+  if ((x == NULL && d->x_rows > 0) || (q == NULL && d->x_rows > 0) ||
+      (scale == NULL && d->x_rows > 0) || q_t == NULL || scale_t == NULL)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "%s: x, q, scale (where x has rows), q_t and scale_t must be given", op);
   if (!fast16(a, q, q_t)) { /* the two passes it stands for */
     sl_quantize_fp8_desc dq = *d, dt = *d;
     dq.rows = d->x_rows;
