@@ -33,15 +33,7 @@
 #include "../../csrc/cuda/sm80_gmm.cu"
 #include "../../csrc/cuda/sm90_gmm_fwd.cu"
 #include "../../csrc/cuda/sm90_gmm_wgrad.cu"
-
-#define CK(x)                                                                             \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(2);                                                                            \
-    }                                                                                     \
-  } while (0)
+#include "../../tests/gpu/cuda_ok.h"
 
 /* Uniform bf16 values in [-1, 1) from a hash of the index. */
 __global__ void fill_random(__nv_bfloat16 *p, size_t n, uint32_t seed) {
@@ -98,25 +90,25 @@ static Problem make_problem(int m, int g, int k, int n, std::vector<int> sizes, 
   Problem p{m, g, k, n, sizes};
   const size_t lhs_n = (size_t)m * k, rhs_n = kTgmm ? (size_t)m * n : (size_t)g * k * n;
   const size_t out_n = kTgmm ? (size_t)g * k * n : (size_t)m * n;
-  CK(cudaMalloc(&p.lhs, lhs_n * 2));
-  CK(cudaMalloc(&p.rhs, rhs_n * 2));
-  CK(cudaMalloc(&p.out, out_n * kOutBytes));
-  CK(cudaMalloc(&p.d_sizes, g * 4));
-  CK(cudaMemcpy(p.d_sizes, sizes.data(), g * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMalloc(&p.lhs, lhs_n * 2));
+  CUDA_OK(cudaMalloc(&p.rhs, rhs_n * 2));
+  CUDA_OK(cudaMalloc(&p.out, out_n * kOutBytes));
+  CUDA_OK(cudaMalloc(&p.d_sizes, g * 4));
+  CUDA_OK(cudaMemcpy(p.d_sizes, sizes.data(), g * 4, cudaMemcpyHostToDevice));
   if (host_data) {
     std::vector<uint16_t> hl(lhs_n), hr(rhs_n);
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> u(-1.f, 1.f);
     for (auto &x : hl) x = bf16_bits(u(rng));
     for (auto &x : hr) x = bf16_bits(u(rng));
-    CK(cudaMemcpy(p.lhs, hl.data(), lhs_n * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(p.rhs, hr.data(), rhs_n * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(p.lhs, hl.data(), lhs_n * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(p.rhs, hr.data(), rhs_n * 2, cudaMemcpyHostToDevice));
     p.h_lhs = hl, p.h_rhs = hr;
   } else {
     fill_random<<<1024, 256>>>((__nv_bfloat16 *)p.lhs, lhs_n, 1u);
     fill_random<<<1024, 256>>>((__nv_bfloat16 *)p.rhs, rhs_n, 2u);
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
   }
   return p;
 }
@@ -130,13 +122,13 @@ static sluice_cuda::GmmArgs args_of(const Problem &p, int transpose = 0) {
   static size_t table_bytes = 0;
   const size_t need = (size_t)sluice_cuda::table_ints(p.g) * sizeof(int);
   if (need > table_bytes) {
-    if (table) CK(cudaFree(table));
-    CK(cudaMalloc(&table, need));
+    if (table) CUDA_OK(cudaFree(table));
+    CUDA_OK(cudaMalloc(&table, need));
     table_bytes = need;
   }
   a.table = table;
   static int *counter = nullptr; /* the sm90 tile counter (the library keeps it in the workspace) */
-  if (counter == nullptr) CK(cudaMalloc(&counter, sizeof(int)));
+  if (counter == nullptr) CUDA_OK(cudaMalloc(&counter, sizeof(int)));
   a.counter = counter;
   a.m = p.m, a.k = p.k, a.n = p.n, a.num_groups = p.g, a.num_local_groups = p.g;
   a.in_dtype = SL_DTYPE_BF16, a.out_dtype = kOutF32 ? SL_DTYPE_F32 : SL_DTYPE_BF16;
@@ -194,7 +186,7 @@ int main(int argc, char **argv) {
     if (*c == ',') ++c;
   }
   cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
   g_major = prop.major;
   printf("%s on %s (%d SMs), %s output\n", kTgmm ? "tgmm" : "gmm", prop.name, sms,
@@ -226,11 +218,11 @@ int main(int argc, char **argv) {
     if (st != SL_STATUS_SUCCESS) printf("cpu reference failed: %s\n", sl_last_error());
     for (int v = 1; v <= kVersions; ++v) {
       if (skip[v] || !version_exists(v)) continue;
-      CK(cudaMemset(p.out, 0xFF, out_n * kOutBytes));
+      CUDA_OK(cudaMemset(p.out, 0xFF, out_n * kOutBytes));
       st = run_version(v, args_of(p, tr), sms);
-      CK(cudaDeviceSynchronize());
+      CUDA_OK(cudaDeviceSynchronize());
       std::vector<uint16_t> out(out_n * kOutBytes / 2);
-      CK(cudaMemcpy(out.data(), p.out, out_n * kOutBytes, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(out.data(), p.out, out_n * kOutBytes, cudaMemcpyDeviceToHost));
       double num = 0, den = 0;
       size_t nan = 0;
       for (size_t i = 0; i < out_n; ++i) {
@@ -294,8 +286,8 @@ int main(int argc, char **argv) {
   const int reps = getenv("HARNESS_REPS") ? atoi(getenv("HARNESS_REPS")) : 25;
   printf("%-16s %-8s %7s %9s %8s %9s\n", "shape", "sizes", "version", "ms", "TFLOP/s", "vs first");
   cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  CUDA_OK(cudaEventCreate(&e0));
+  CUDA_OK(cudaEventCreate(&e1));
   for (const Shape &sh : shapes) {
     if (only_shapes ? !strstr(only_shapes, sh.name) : sh.named_only) continue;
     for (const char *mode : modes) {
@@ -308,19 +300,19 @@ int main(int argc, char **argv) {
       std::vector<std::vector<float>> ms(versions.size());
       for (int r = 0; r < reps; ++r)
         for (size_t i = 0; i < versions.size(); ++i) {
-          CK(cudaEventRecord(e0));
+          CUDA_OK(cudaEventRecord(e0));
           const sl_status st = run_version(versions[i], args_of(p), sms);
-          CK(cudaEventRecord(e1));
-          CK(cudaEventSynchronize(e1));
+          CUDA_OK(cudaEventRecord(e1));
+          CUDA_OK(cudaEventSynchronize(e1));
           if (st != SL_STATUS_SUCCESS) {
             printf("version %d failed: %s (%s)\n", versions[i], sl_status_string(st), sl_last_error());
             exit(1);
           }
           float t;
-          CK(cudaEventElapsedTime(&t, e0, e1));
+          CUDA_OK(cudaEventElapsedTime(&t, e0, e1));
           ms[i].push_back(t);
         }
-      CK(cudaGetLastError());
+      CUDA_OK(cudaGetLastError());
       float first = 0;
       for (size_t i = 0; i < versions.size(); ++i) {
         std::sort(ms[i].begin(), ms[i].end());

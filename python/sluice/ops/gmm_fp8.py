@@ -36,7 +36,7 @@ import numpy as np
 from . import checks
 from ._lib import register_targets
 from .checks import ShapeError
-from .fp8 import E4M3, WEIGHT, _gmm_operands, _tgmm_operands, quantize, quantize_both
+from .fp8 import ACT, E4M3, WEIGHT, _gmm_operands, _tgmm_operands, quantize, quantize_both
 from .gmm import _offset_array, ffi_call
 from .vma import match_vma
 
@@ -268,8 +268,20 @@ def _quantized_weight(rhs, recipe):
 def gmm_with_recipe(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, recipe):
     """sluice.gmm's FP8 path (called by sluice.gmm with fp8=...; arguments already checked):
     lhs [M, K], rhs [G_local, K, N] (or [G_local, N, K] with transpose_rhs) in a float dtype,
-    group_offset int32 [1]. See `_fwd` and `_bwd` for what is quantized how, and what is saved."""
-    return _fwd(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, recipe)[0]
+    group_offset int32 [1]. See `_fwd` and `_bwd` for what is quantized how, and what is saved.
+    Without a gradient only x's ACT blocks are made."""
+    xq, xs = quantize(lhs, ACT, power_of_two=recipe.power_of_two_scales)
+    return _product(xq, xs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, recipe)[
+        0
+    ]
+
+
+def _product(xq, xs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, recipe):
+    """(y, wq, ws): y = gmm(quantized x, w by WEIGHT), and the quantized w."""
+    wq, ws = _quantized_weight(rhs, recipe)
+    w_nt, ws_nt = (wq, ws) if transpose_rhs else (_swap(wq), _swap(ws))
+    y = _gmm_nt(xq, xs, w_nt, ws_nt, group_sizes, group_offset, _kernel_dtype(out_dtype), skip)
+    return y.astype(out_dtype), wq, ws
 
 
 def _fwd(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, recipe):
@@ -281,12 +293,12 @@ def _fwd(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, re
     p2 = recipe.power_of_two_scales
     rows = _local_range(group_sizes, group_offset, rhs.shape[-3])
     (xq, xs), (x_t, xs_t) = quantize_both(lhs, power_of_two=p2, row_range=rows, pad_rows_to=16)
-    wq, ws = _quantized_weight(rhs, recipe)
-    w_nt, ws_nt = (wq, ws) if transpose_rhs else (_swap(wq), _swap(ws))
-    y = _gmm_nt(xq, xs, w_nt, ws_nt, group_sizes, group_offset, _kernel_dtype(out_dtype), skip)
+    y, wq, ws = _product(
+        xq, xs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, recipe
+    )
     # lhs's and rhs's own dtypes (and lhs's sharding type) ride along as empty arrays
     lhs_like, rhs_dtype = lhs[:0, :0], jnp.zeros((0,), rhs.dtype)
-    return y.astype(out_dtype), (x_t, xs_t, wq, ws, group_sizes, group_offset, lhs_like, rhs_dtype)
+    return y, (x_t, xs_t, wq, ws, group_sizes, group_offset, lhs_like, rhs_dtype)
 
 
 def _bwd(transpose_rhs, out_dtype, skip, recipe, res, dy):
