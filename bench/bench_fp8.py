@@ -361,6 +361,22 @@ def bench_quantize(lib, args):
 
     dev = torch.device("cuda")
     rows = []
+
+    def record(case, r, c, b, ms, nbytes):
+        gbs = nbytes / ms / 1e6
+        rows.append(
+            {
+                "case": case,
+                "rows": r,
+                "cols": c,
+                "batch": b,
+                "ms": ms,
+                "GB/s": gbs,
+                "hbm_share": gbs / (HBM_TBS * 1000),
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+
     cases = [  # name, rows, cols, batch, block (1x128 with both layouts: "both"), q, q_t
         ("act 1x128 -> q", 32768, 7168, 1, (1, 128), True, False),
         ("act 128x1 -> q_t", 32768, 7168, 1, (128, 1), False, True),
@@ -398,37 +414,12 @@ def bench_quantize(lib, args):
         else:
             call = quantize_call(lib, d, x, q, qt, sc)
         ms = time_cuda({"q": call}, args.iters)["q"]
-        nbytes = b * r * c * (2 + int(wq) + int(wqt)) + 4 * ns
-        gbs = nbytes / ms / 1e6
-        rows.append(
-            {
-                "case": name,
-                "rows": r,
-                "cols": c,
-                "batch": b,
-                "ms": ms,
-                "GB/s": gbs,
-                "hbm_share": gbs / (HBM_TBS * 1000),
-            }
-        )
-        print(json.dumps(rows[-1]), flush=True)
+        record(name, r, c, b, ms, b * r * c * (2 + int(wq) + int(wqt)) + 4 * ns)
     # what the memory does for a plain copy (torch, 1 GiB read + 1 GiB written): the attainable rate
     a = torch.empty(1 << 30, device=dev, dtype=torch.uint8)
     bb = torch.empty_like(a)
     ms = time_cuda({"copy": lambda: bb.copy_(a)}, args.iters)["copy"]
-    gbs = 2 * a.numel() / ms / 1e6
-    rows.append(
-        {
-            "case": "copy (torch, for reference)",
-            "rows": 1,
-            "cols": a.numel(),
-            "batch": 1,
-            "ms": ms,
-            "GB/s": gbs,
-            "hbm_share": gbs / (HBM_TBS * 1000),
-        }
-    )
-    print(json.dumps(rows[-1]), flush=True)
+    record("copy (torch, for reference)", 1, a.numel(), 1, ms, 2 * a.numel())
     return rows
 
 
