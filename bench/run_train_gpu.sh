@@ -42,5 +42,5 @@ if [ -n "${BASELINE:-}" ]; then
 fi
 python3 bench/summarize_train.py tgs "$OUT/tgs" >>"$OUT/train.log" 2>&1
 for d in tgs tgs-base tgs-new2; do
-  [ -f "$OUT/$d/tgs.md" ] && { echo "== $d"; cat "$OUT/$d/tgs.md"; } | tee -a "$OUT/summary.txt"
+  if [ -f "$OUT/$d/tgs.md" ]; then { echo "== $d"; cat "$OUT/$d/tgs.md"; } | tee -a "$OUT/summary.txt"; fi
 done
