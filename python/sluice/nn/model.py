@@ -22,6 +22,10 @@ Presets (``PRESETS``) hold the model and its default training sizes:
   is as many as the parameter count says 141 GB H200s hold with bf16 optimizer moments
   (``--opt-state-dtype bfloat16``): 12 bytes a parameter, ~34 GB a GPU for each MoE layer's 64 local
   experts, ~81 GB in all before activations (an estimate, not yet run).
+- ``dsv3-1gpu``: what one GPU of ``dsv3-ep4`` computes, without the exchange: the same widths with
+  the 64 routed experts a GPU holds there (top-8 of 8 groups of 8 limited to 4, so each token still
+  takes 8 experts), 4096 tokens a step and 2 layers (the dense first, one MoE). The expert matmuls
+  have dsv3-ep4's per-GPU shapes (4096 x 8 rows over 64 experts, K and N 7168 and 2048).
 """
 
 from __future__ import annotations
@@ -422,3 +426,7 @@ _DSV3 = dict(
 PRESETS["dsv3-ep4"] = dict(
     _preset(_model(**_DSV3), batch_size=8, seq_len=2048, lr=3e-4, steps=100, warmup=10), ep=4
 )
+PRESETS["dsv3-1gpu"] = _preset(
+    _model(**dict(_DSV3, num_experts=64, n_layers=2)),
+    batch_size=2, seq_len=2048, lr=3e-4, steps=100, warmup=10,
+)  # fmt: skip

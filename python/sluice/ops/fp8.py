@@ -222,7 +222,7 @@ def quantize_t(x, *, power_of_two=False, row_range=None, pad_rows_to=1):
 
     def kernel_path(x, rr):
         return _quantize_kernel(
-            x, rr, block=ACT_T, power_of_two=power_of_two, rows=rp, transposed=True
+            x, rr, block=ACT_T, power_of_two=power_of_two, rows=rp, outputs=("q_t",)
         )
 
     return jax.lax.platform_dependent(x, rr, cuda=kernel_path, default=jnp_path)
@@ -266,20 +266,21 @@ def quantize_both(x, *, power_of_two=False, row_range=None, pad_rows_to=1):
     return jax.lax.platform_dependent(x, rr, cuda=kernel_path, default=jnp_path)
 
 
-def _quantize_kernel(x, rr, *, block, power_of_two, rows=None, transposed=False):
-    """The CUDA kernel: q [..., rows, C] (or q_t [..., C, rows]) and the scale of x [..., R, C]."""
+def _quantize_kernel(x, rr, *, block, power_of_two, rows=None, outputs=("q",)):
+    """The CUDA kernel on x [..., R, C]: the `outputs` asked for, of q [..., rows, C] and q_t
+    [..., C, rows] (in that order), then the scale (in q's block layout)."""
     *lead, r, c = x.shape
     rows = r if rows is None else rows
     br, bc = block
     sshape = (*lead, rows if br == 1 else -(-rows // 128), c if bc == 1 else -(-c // 128))
-    qshape = (*lead, c, rows) if transposed else (*lead, rows, c)
+    want_q, want_qt = "q" in outputs, "q_t" in outputs
     none = (0,)
     kw = _vary_kw(x, rr)
     call = jax.ffi.ffi_call(
         "sluice_quantize_fp8",
         (
-            jax.ShapeDtypeStruct(none if transposed else qshape, E4M3, **kw),
-            jax.ShapeDtypeStruct(qshape if transposed else none, E4M3, **kw),
+            jax.ShapeDtypeStruct((*lead, rows, c) if want_q else none, E4M3, **kw),
+            jax.ShapeDtypeStruct((*lead, c, rows) if want_qt else none, E4M3, **kw),
             jax.ShapeDtypeStruct(sshape, jnp.float32, **kw),
         ),
         vmap_method="broadcast_all",
@@ -292,10 +293,10 @@ def _quantize_kernel(x, rr, *, block, power_of_two, rows=None, transposed=False)
         block_rows=np.int64(br),
         block_cols=np.int64(bc),
         power_of_two=np.int64(bool(power_of_two)),
-        write_q=np.int64(not transposed),
-        write_qt=np.int64(transposed),
+        write_q=np.int64(want_q),
+        write_qt=np.int64(want_qt),
     )
-    return (qt if transposed else q), s
+    return (*((q,) if want_q else ()), *((qt,) if want_qt else ()), s)
 
 
 def _quantize_jnp(x, rr, *, br, bc, power_of_two):
@@ -338,11 +339,51 @@ def quantize_act(x, *, axis=-1, power_of_two=False, valid_rows=None):
     return quantize(x, block, power_of_two=power_of_two, valid_rows=valid_rows)
 
 
-def quantize_weight(w, *, power_of_two=False):
-    """Expert weights w [..., K, N] (e.g. [G, K, N]) in WEIGHT blocks (128x128): scale
-    [..., ceil(K/128), ceil(N/128)]. The same q and scale serve gmm (contracting K) and, with
-    transpose_rhs=True, the input gradient (contracting N)."""
-    return quantize(w, WEIGHT, power_of_two=power_of_two)
+WEIGHT_LAYOUTS = ("q", "q_t", "both")
+
+
+def quantize_weight(w, *, power_of_two=False, layout="q"):
+    """Expert weights w [..., K, N] (e.g. [G, K, N]) in WEIGHT blocks (128x128), in the layouts
+    the FP8 matmuls read.
+
+    layout "q": (q [..., K, N], scale [..., ceil(K/128), ceil(N/128)]), as quantize(w, WEIGHT).
+      The same q and scale serve gmm (contracting K) and, with transpose_rhs=True, the input
+      gradient (contracting N).
+    layout "q_t": (q_t, scale_t), their transposes (swapaxes of the last two dims): a 128x128
+      block transposed is the block of the transpose, so these are w's transpose quantized.
+    layout "both": ((q, scale), (q_t, scale_t)).
+    On a GPU one kernel pass reads w once and writes the layouts asked for (no transpose of q
+    afterwards); elsewhere q is quantized and swapped.
+    """
+    if layout not in WEIGHT_LAYOUTS:
+        raise ValueError(
+            f"sluice.fp8.quantize_weight: layout must be one of {WEIGHT_LAYOUTS}, got {layout!r}"
+        )
+    if layout == "q":
+        return quantize(w, WEIGHT, power_of_two=power_of_two)
+    w = _check_x("quantize_weight", w)
+    rr = _row_range(w, None, None)
+
+    def jnp_path(w, rr):
+        q, s = _quantize_jnp(w, rr, br=BLOCK, bc=BLOCK, power_of_two=power_of_two)
+        return (q, s), (jnp.swapaxes(q, -1, -2), jnp.swapaxes(s, -1, -2))
+
+    def kernel_path(w, rr):
+        q, q_t, s = _quantize_kernel(
+            w, rr, block=WEIGHT, power_of_two=power_of_two, outputs=("q", "q_t")
+        )
+        return (q, s), (q_t, jnp.swapaxes(s, -1, -2))
+
+    if layout == "both":
+        return jax.lax.platform_dependent(w, rr, cuda=kernel_path, default=jnp_path)
+
+    def kernel_t(w, rr):
+        q_t, s = _quantize_kernel(w, rr, block=WEIGHT, power_of_two=power_of_two, outputs=("q_t",))
+        return q_t, jnp.swapaxes(s, -1, -2)
+
+    return jax.lax.platform_dependent(
+        w, rr, cuda=kernel_t, default=lambda w, rr: jnp_path(w, rr)[1]
+    )
 
 
 def _expand(scale, block, r, c):

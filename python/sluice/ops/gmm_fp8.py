@@ -36,7 +36,15 @@ import numpy as np
 from . import checks
 from ._lib import register_targets
 from .checks import ShapeError
-from .fp8 import ACT, E4M3, WEIGHT, _gmm_operands, _tgmm_operands, quantize, quantize_both
+from .fp8 import (
+    ACT,
+    E4M3,
+    _gmm_operands,
+    _tgmm_operands,
+    quantize,
+    quantize_both,
+    quantize_weight,
+)
 from .gmm import _offset_array, ffi_call
 from .vma import match_vma
 
@@ -260,45 +268,42 @@ def _kernel_dtype(dtype):
     return dtype if jnp.dtype(dtype) in OUT_DTYPES else jnp.dtype(jnp.float32)
 
 
-def _quantized_weight(rhs, recipe):
-    return quantize(rhs, WEIGHT, power_of_two=recipe.power_of_two_scales)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
 def gmm_with_recipe(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, recipe):
     """sluice.gmm's FP8 path (called by sluice.gmm with fp8=...; arguments already checked):
     lhs [M, K], rhs [G_local, K, N] (or [G_local, N, K] with transpose_rhs) in a float dtype,
     group_offset int32 [1]. See `_fwd` and `_bwd` for what is quantized how, and what is saved.
     Without a gradient only x's ACT blocks are made."""
-    xq, xs = quantize(lhs, ACT, power_of_two=recipe.power_of_two_scales)
-    return _product(xq, xs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, recipe)[
-        0
-    ]
+    p2 = recipe.power_of_two_scales
+    xq, xs = quantize(lhs, ACT, power_of_two=p2)
+    # the C op reads the weights as [G, N, K]: rhs itself with transpose_rhs, else its transpose,
+    # which the quantization writes directly
+    w_nt, ws_nt = quantize_weight(rhs, power_of_two=p2, layout="q" if transpose_rhs else "q_t")
+    return _product(xq, xs, w_nt, ws_nt, group_sizes, group_offset, out_dtype, skip)
 
 
-def _product(xq, xs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, recipe):
-    """(y, wq, ws): y = gmm(quantized x, w by WEIGHT), and the quantized w."""
-    wq, ws = _quantized_weight(rhs, recipe)
-    w_nt, ws_nt = (wq, ws) if transpose_rhs else (_swap(wq), _swap(ws))
+def _product(xq, xs, w_nt, ws_nt, group_sizes, group_offset, out_dtype, skip):
+    """y = gmm(quantized x, quantized w as [G, N, K]) in out_dtype."""
     y = _gmm_nt(xq, xs, w_nt, ws_nt, group_sizes, group_offset, _kernel_dtype(out_dtype), skip)
-    return y.astype(out_dtype), wq, ws
+    return y.astype(out_dtype)
 
 
 def _fwd(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, recipe):
     """y = gmm(x by ACT, w by WEIGHT). x is quantized in both of its layouts at once
     (fp8.quantize_both): by ACT for y, and by ACT_T, written transposed, for the weight gradient.
-    Saves that transposed x (1 byte an element where x itself is 2 or 4), the quantized weights
-    and their scales (the input gradient reuses them: a 128x128 block serves both contractions),
+    w likewise (fp8.quantize_weight, layout "both"): as [G, N, K] for y and as [G, K, N] for the
+    input gradient (a 128x128 block serves both contractions). Saves the transposed x (1 byte an
+    element where x itself is 2 or 4), the input gradient's quantized weights and their scales,
     group_sizes and group_offset."""
     p2 = recipe.power_of_two_scales
     rows = _local_range(group_sizes, group_offset, rhs.shape[-3])
     (xq, xs), (x_t, xs_t) = quantize_both(lhs, power_of_two=p2, row_range=rows, pad_rows_to=16)
-    y, wq, ws = _product(
-        xq, xs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, recipe
-    )
+    w, w_t = quantize_weight(rhs, power_of_two=p2, layout="both")
+    (w_nt, ws_nt), (w_kn, ws_kn) = (w, w_t) if transpose_rhs else (w_t, w)
+    y = _product(xq, xs, w_nt, ws_nt, group_sizes, group_offset, out_dtype, skip)
     # lhs's and rhs's own dtypes (and lhs's sharding type) ride along as empty arrays
     lhs_like, rhs_dtype = lhs[:0, :0], jnp.zeros((0,), rhs.dtype)
-    return y, (x_t, xs_t, wq, ws, group_sizes, group_offset, lhs_like, rhs_dtype)
+    return y, (x_t, xs_t, w_kn, ws_kn, group_sizes, group_offset, lhs_like, rhs_dtype)
 
 
 def _bwd(transpose_rhs, out_dtype, skip, recipe, res, dy):
@@ -306,16 +311,14 @@ def _bwd(transpose_rhs, out_dtype, skip, recipe, res, dy):
     ACT_T (128-row blocks along the contraction), their rows outside the local groups zeroed
     first: x's from the forward, dy's from the same pass as its ACT blocks. The master weights are
     never re-quantized here."""
-    x_t, xs_t, wq, ws, group_sizes, group_offset, lhs_like, rhs_dtype = res
+    x_t, xs_t, w_kn, ws_kn, group_sizes, group_offset, lhs_like, rhs_dtype = res
     p2 = recipe.power_of_two_scales
-    g_local = wq.shape[-3]
+    g_local = w_kn.shape[-3]
     rows = _local_range(group_sizes, group_offset, g_local)
     (dyq, dys), (dy_t, dys_t) = quantize_both(dy, power_of_two=p2, row_range=rows, pad_rows_to=16)
-    # dx contracts N: the C op wants the weights as [G, K, N], i.e. w itself when the forward took
-    # [G, K, N], and its transpose when the forward took [G, N, K].
-    w_nt, ws_nt = (_swap(wq), _swap(ws)) if transpose_rhs else (wq, ws)
+    # dx contracts N: the C op reads the weights as [G, K, N], saved so by the forward
     lhs_dtype = lhs_like.dtype
-    dx = _gmm_nt(dyq, dys, w_nt, ws_nt, group_sizes, group_offset, _kernel_dtype(lhs_dtype), skip)
+    dx = _gmm_nt(dyq, dys, w_kn, ws_kn, group_sizes, group_offset, _kernel_dtype(lhs_dtype), skip)
     # x and dy by ACT_T, transposed: [K, M'] and [N, M'], M' = M rounded up to 16 as the CUDA
     # kernel wants
     a, a_s, b, b_s = (dy_t, dys_t, x_t, xs_t) if transpose_rhs else (x_t, xs_t, dy_t, dys_t)
@@ -324,7 +327,7 @@ def _bwd(transpose_rhs, out_dtype, skip, recipe, res, dy):
     dw = _tgmm_tn(a, a_s, b, b_s, group_sizes, group_offset, g_local, _kernel_dtype(rhs_dtype))
     # As in the bf16 gmm's backward: the weight gradient runs before dx is used (see gmm.py).
     dx, dw = jax.lax.optimization_barrier((dx.astype(lhs_dtype), dw.astype(rhs_dtype)))
-    return match_vma(dx, lhs_like), match_vma(dw, wq), None, None
+    return match_vma(dx, lhs_like), match_vma(dw, w_kn), None, None
 
 
 gmm_with_recipe.defvjp(_fwd, _bwd)

@@ -244,6 +244,26 @@ def test_weight_blocks_serve_both_orientations():
     np.testing.assert_array_equal(np.asarray(jnp.swapaxes(scale, 1, 2)), np.asarray(st))
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("power_of_two", [False, True])
+def test_weight_layouts(dtype, power_of_two):
+    """quantize_weight's layouts "q_t" and "both" are q and its transpose bit for bit (on a GPU
+    from one kernel pass that writes both)."""
+    w = jnp.asarray(scaled_normal((3, 200, 264), jnp.float32), dtype)
+    q, s = fp8.quantize_weight(w, power_of_two=power_of_two)
+    (q2, s2), (qt, st) = jax.jit(
+        lambda a: fp8.quantize_weight(a, power_of_two=power_of_two, layout="both")
+    )(w)
+    qt1, st1 = jax.jit(lambda a: fp8.quantize_weight(a, power_of_two=power_of_two, layout="q_t"))(w)
+    for a, b in ((q2, q), (qt, jnp.swapaxes(q, 1, 2)), (qt1, jnp.swapaxes(q, 1, 2))):
+        assert a.shape == b.shape
+        np.testing.assert_array_equal(bits(a), bits(b))
+    for a, b in ((s2, s), (st, jnp.swapaxes(s, 1, 2)), (st1, jnp.swapaxes(s, 1, 2))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="layout must be one of"):
+        fp8.quantize_weight(w, layout="t")
+
+
 def test_bad_arguments():
     x = jnp.ones((4, 256), jnp.float32)
     q, s = fp8.quantize_act(x)
