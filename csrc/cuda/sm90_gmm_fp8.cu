@@ -19,7 +19,8 @@
  *         its block's scale NaN, as the quantization defines, and the reference agrees);
  *         scale = lhs_scale[mb, k] x rhs_scale[mb, n]: the k-block's 128 row and BN column
  *         scales come with its operands (two more TMA boxes), 2 row and 32 column scales a thread
- *         and 128 columns. The per-element scale makes tgmm's promotion twice gmm's work.
+ *         and 128 columns. The per-element scale makes tgmm's promotion twice gmm's work,
+ *         and its two consumer warpgroups take turns issuing their wgmmas (turn_wait).
  * Tiles go to CTAs by a fixed stride; the producer and the consumers decode each tile from the
  * group table (gmm_common.cuh) themselves. A bf16 output is staged in shared memory (stmatrix) for
  * TMA stores that overlap the next tile; a gmm half that crosses its group's end, and f32 outputs,
@@ -100,6 +101,19 @@ __device__ __forceinline__ void wgmma_e4m3(float (&d)[64], uint64_t da, uint64_t
       "}, %64, %65, p, 1, 1;\n}\n"
       : SL_WGMMA_ACC_LO(d)
       : "l"(da), "l"(db), "r"(scale_d));
+}
+
+/* tgmm's consumer warpgroups take turns issuing their wgmmas (named barriers 4 and 5, both
+ * warpgroups' 256 threads): warpgroup w waits on barrier 4 + w for its turn, issues, and hands the
+ * turn to the other on barrier 5 - w. A batch thus always queues behind the other warpgroup's,
+ * and each warpgroup's wait and promotion (tgmm's is twice gmm's) run while the other's batch
+ * computes, instead of the two drifting into step and promoting at the same time. gmm, whose
+ * promotion is half tgmm's, runs without them (docs/design-notes.md). */
+__device__ __forceinline__ void turn_wait(int cw) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(4 + cw) : "memory");
+}
+__device__ __forceinline__ void turn_pass(int cw) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(5 - cw) : "memory");
 }
 
 __device__ __forceinline__ void fence_part(float (&d)[64]) {
@@ -207,6 +221,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t phase = 0;
   float total[64 * NSUB];
   float part[64];
+  if (WGRAD && cw == 1) turn_pass(cw); /* the first turn is consumer 0's */
   for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
     const Tile d = decode<BN, WGRAD>(a, tab, t, tiles_n, tiles_k);
 #pragma unroll
@@ -230,6 +245,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
 #pragma unroll
         for (int sub = 0; sub < NSUB; ++sub) {
+          if constexpr (WGRAD) turn_wait(cw);
           wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < kKB / 32; ++kk) {
@@ -238,6 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             wgmma_e4m3(part, da, db, kk > 0);
           }
           wgmma_commit();
+          if constexpr (WGRAD) turn_pass(cw);
           /* the scales, loaded while the wgmmas run */
           if constexpr (!WGRAD) {
             const float *sa_row = args.sa + (size_t)kb;
