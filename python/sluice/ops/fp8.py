@@ -366,24 +366,16 @@ def quantize_weight(w, *, power_of_two=False, layout="q"):
 
     def jnp_path(w, rr):
         q, s = _quantize_jnp(w, rr, br=BLOCK, bc=BLOCK, power_of_two=power_of_two)
-        return (q, s), (jnp.swapaxes(q, -1, -2), jnp.swapaxes(s, -1, -2))
+        t = (jnp.swapaxes(q, -1, -2), jnp.swapaxes(s, -1, -2))
+        return ((q, s), t) if layout == "both" else t
 
     def kernel_path(w, rr):
-        q, q_t, s = _quantize_kernel(
-            w, rr, block=WEIGHT, power_of_two=power_of_two, outputs=("q", "q_t")
-        )
-        return (q, s), (q_t, jnp.swapaxes(s, -1, -2))
+        outputs = ("q", "q_t") if layout == "both" else ("q_t",)
+        *qs, s = _quantize_kernel(w, rr, block=WEIGHT, power_of_two=power_of_two, outputs=outputs)
+        t = (qs[-1], jnp.swapaxes(s, -1, -2))
+        return ((qs[0], s), t) if layout == "both" else t
 
-    if layout == "both":
-        return jax.lax.platform_dependent(w, rr, cuda=kernel_path, default=jnp_path)
-
-    def kernel_t(w, rr):
-        q_t, s = _quantize_kernel(w, rr, block=WEIGHT, power_of_two=power_of_two, outputs=("q_t",))
-        return q_t, jnp.swapaxes(s, -1, -2)
-
-    return jax.lax.platform_dependent(
-        w, rr, cuda=kernel_t, default=lambda w, rr: jnp_path(w, rr)[1]
-    )
+    return jax.lax.platform_dependent(w, rr, cuda=kernel_path, default=jnp_path)
 
 
 def _expand(scale, block, r, c):
