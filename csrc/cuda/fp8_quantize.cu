@@ -1,7 +1,8 @@
 /* FP8 block quantization on the GPU (sluice.h: sl_quantize_fp8_cuda), bit for bit the rule of
- * python/sluice/ops/fp8.py: per block, amax over |x| (float32 subnormals read as zero), scale =
- * max(amax * float32(1/448), 2^-126) or its power-of-two rounding, q = e4m3_rn(clip(x / scale,
- * -448, 448)) with an IEEE division, and a block holding inf or NaN gets scale NaN and q NaN.
+ * python/sluice/ops/fp8.py: per block, amax over |x| (zeros and float32 subnormals read as +0),
+ * scale = max(amax * float32(1/448), 2^-126) or its power-of-two rounding, rcp = 1 / scale
+ * correctly rounded, q = e4m3_rn(clip(x * rcp, -448, 448)), and a block holding inf or NaN gets
+ * scale NaN and q NaN.
  *
  * Three kernels, each moving 2 + 1 (+ 1) bytes an element and nothing else:
  *   quantize_rows16_kernel   16-bit x, 1 x 128 blocks, q row-major (the activations)
@@ -9,7 +10,7 @@
  *                            gradient's transposed operands, the weights in both layouts)
  *   quantize_kernel          everything else (float32 x, widths not a multiple of 8, unaligned
  *                            pointers, 1 x 128 blocks with q_t): a 128 x 128 tile in shared
- *                            memory as float32, an IEEE division per element. */
+ *                            memory as float32, a product by the block's reciprocal per element. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -95,9 +96,9 @@ __device__ __forceinline__ Live live_rows(const QArgs &a, long long b) {
   return l;
 }
 
-/* e4m3_rn(clip(v / s)) with an IEEE division (satfinite clips as the rule does; NaN stays NaN). */
-__device__ __forceinline__ uint8_t to_e4m3_div(float v, float s) {
-  return (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(v, s), __NV_SATFINITE, __NV_E4M3);
+/* e4m3_rn(clip(v * rcp)) (satfinite clips as the rule does; NaN stays NaN); v already flushed. */
+__device__ __forceinline__ uint8_t to_e4m3_mul(float v, float rcp) {
+  return (uint8_t)__nv_cvt_float_to_fp8(__fmul_rn(v, rcp), __NV_SATFINITE, __NV_E4M3);
 }
 
 /* The general kernel: one CTA per 128 x 128 tile of one problem, 256 threads; the tile is read once
@@ -105,8 +106,9 @@ __device__ __forceinline__ uint8_t to_e4m3_div(float v, float s) {
  * per column for 128 x 1, the whole tile for 128 x 128), and q leaves row-major and/or transposed
  * (16-byte stores where the rows allow). */
 __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
-  extern __shared__ float tile[]; /* [kT][kLd], then the block scales */
+  extern __shared__ float tile[]; /* [kT][kLd], then the block scales and their reciprocals */
   float *sc = tile + kT * kLd;    /* per row (1 x 128), per column (128 x 1) or sc[0] (128 x 128) */
+  float *rc = sc + kT;
   __shared__ float red_amax[kThreads / 32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const long long b = blockIdx.z, r0 = (long long)blockIdx.x * kT, c0 = (long long)blockIdx.y * kT;
@@ -148,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
     for (int k = half * 64; k < half * 64 + 64; ++k)
       m = fmaxf(m, amax_term(a.br == 1 ? tile[line * kLd + k] : tile[k * kLd + line]));
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    if (half == 0) sc[line] = block_scale(m, a.pow2);
+    if (half == 0) sc[line] = block_scale(m, a.pow2), rc[line] = __frcp_rn(sc[line]);
   } else {
     float m = 0.f;
     for (int i = tid; i < kT * kT; i += kThreads) m = fmaxf(m, amax_term(tile[(i / kT) * kLd + i % kT]));
@@ -159,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
     if (tid == 0) {
       float mm = 0.f;
       for (int w = 0; w < kThreads / 32; ++w) mm = fmaxf(mm, red_amax[w]);
-      sc[0] = block_scale(mm, a.pow2);
+      sc[0] = block_scale(mm, a.pow2), rc[0] = __frcp_rn(sc[0]);
     }
   }
   __syncthreads();
@@ -188,7 +190,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
 #pragma unroll
       for (int k = 0; k < 16; ++k) {
         const int i = at(rr, cc + k);
-        v[k] = to_e4m3_div(tile[rr * kLd + cc + k], sc[i]);
+        v[k] = to_e4m3_mul(tile[rr * kLd + cc + k], rc[i]);
       }
       if (qvec) {
         *reinterpret_cast<uint4 *>(qb + (size_t)r * C + c) = *reinterpret_cast<const uint4 *>(v);
@@ -209,7 +211,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
 #pragma unroll
       for (int k = 0; k < 16; ++k) {
         const int i = at(rr + k, cc);
-        v[k] = to_e4m3_div(tile[(rr + k) * kLd + cc], sc[i]);
+        v[k] = to_e4m3_mul(tile[(rr + k) * kLd + cc], rc[i]);
       }
       if (qvec) {
         *reinterpret_cast<uint4 *>(qb + (size_t)c * R + r) = *reinterpret_cast<const uint4 *>(v);
@@ -222,17 +224,15 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
 
 
 /* ---- 16-bit inputs (bf16, f16) with 16-byte aligned rows: the fast kernels ----
- * Per element they issue about 8 instructions where the general kernel issues over 20 (which left
- * it issue-bound at ~1.4 TB/s):
+ * Per element they issue about 3 instructions (the general kernel over 10):
  *  - a block's maximum is taken on the raw 16-bit magnitudes, two at a time (max.u16x2): a
  *    sign-magnitude format's magnitude bits order as unsigned integers, with inf above every
- *    finite value and NaN above inf, so one maximum gives both amax and "holds inf or NaN";
- *  - the quotient is v * rcp corrected once by its exact remainder (Markstein: with rcp the
- *    correctly rounded 1/s and q0 within an ulp, q0 + (v - q0 s) rcp rounds to the IEEE quotient),
- *    valid while the remainder cannot underflow; blocks with s < 2^-90 (amax < 2^-81) divide;
- *  - two quotients convert to e4m3 in one instruction.
- * A float32 subnormal reads as zero: bf16 words are flushed as they are loaded (no f16 value is
- * one), and -0 comes out of the corrected quotient as +0, as the rule's flush gives. */
+ *    finite value and NaN above inf, so one maximum gives both amax and "holds inf or NaN"; a
+ *    bf16 maximum with a zero exponent (a float32 subnormal) reads as 0;
+ *  - q = v * rcp as fma.rn.ftz(v, rcp, +0): the flush reads a float32 subnormal v as zero, and
+ *    adding +0 turns -0 into +0, as the rule's flush does; a product that underflows keeps its
+ *    sign, as its e4m3 rounding does;
+ *  - two products convert to e4m3 in one instruction. */
 template <sl_dtype T>
 __device__ __forceinline__ float lo_f(uint32_t w) {
   if constexpr (T == SL_DTYPE_BF16) return __uint_as_float(w << 16);
@@ -245,24 +245,6 @@ __device__ __forceinline__ float hi_f(uint32_t w) {
 }
 constexpr uint32_t kMag2 = 0x7FFF7FFFu; /* two 16-bit magnitudes */
 
-/* bf16: the halves of a word with a zero exponent (+-0, float32 subnormals) as +0. Bit 15 (31) of
- * t is set where that half's exponent is not zero; prmt replicates it over the half. */
-template <sl_dtype T>
-__device__ __forceinline__ uint32_t flush2(uint32_t w) {
-  if constexpr (T == SL_DTYPE_BF16) {
-    const uint32_t t = (w & 0x7F807F80u) + 0x7F807F80u;
-    uint32_t keep;
-    asm("prmt.b32 %0, %1, 0, 0xBB99;" : "=r"(keep) : "r"(t));
-    return w & keep;
-  } else {
-    return w;
-  }
-}
-template <sl_dtype T>
-__device__ __forceinline__ uint4 flush8(uint4 v) {
-  return make_uint4(flush2<T>(v.x), flush2<T>(v.y), flush2<T>(v.z), flush2<T>(v.w));
-}
-
 /* The amax (float) of a block from the largest 16-bit magnitude m: a bf16 float32 subnormal reads
  * as zero; inf and NaN stay (block_scale makes their scale NaN). */
 template <sl_dtype T>
@@ -272,31 +254,28 @@ __device__ __forceinline__ float amax_of(uint32_t m) {
 }
 __device__ __forceinline__ uint32_t max_halves(uint32_t m) { return max(m & 0xFFFFu, m >> 16); }
 
-/* A block's scale and its use: rcp = 1/s rounded; exact: s too small for the corrected product */
+/* A block's scale and its correctly rounded reciprocal, which multiplies its elements. */
 struct BlockScale {
   float s, rcp;
-  bool exact;
 };
 __device__ __forceinline__ BlockScale make_scale(float amax, int pow2) {
   BlockScale b;
   b.s = block_scale(amax, pow2);
   b.rcp = __frcp_rn(b.s);
-  b.exact = b.s < 8.07793567e-28f; /* 2^-90 */
   return b;
 }
-template <bool EXACT>
 __device__ __forceinline__ float quotient(float v, const BlockScale &b) {
-  if (EXACT) return b.exact ? __fdiv_rn(fabsf(v) < kScaleMin ? 0.f : v, b.s) : quotient<false>(v, b);
-  const float q0 = __fmul_rn(v, b.rcp);
-  return __fmaf_rn(__fmaf_rn(-q0, b.s, v), b.rcp, q0);
+  float y;
+  asm("fma.rn.ftz.f32 %0, %1, %2, 0f00000000;" : "=f"(y) : "f"(v), "f"(b.rcp));
+  return y;
 }
 /* Four elements (x words w0, w1) as four e4m3 bytes (byte i: element i), by scales b0..b3. */
-template <sl_dtype T, bool EXACT>
+template <sl_dtype T>
 __device__ __forceinline__ uint32_t q4(uint32_t w0, uint32_t w1, const BlockScale &b0,
                                        const BlockScale &b1, const BlockScale &b2,
                                        const BlockScale &b3) {
-  const float y0 = quotient<EXACT>(lo_f<T>(w0), b0), y1 = quotient<EXACT>(hi_f<T>(w0), b1);
-  const float y2 = quotient<EXACT>(lo_f<T>(w1), b2), y3 = quotient<EXACT>(hi_f<T>(w1), b3);
+  const float y0 = quotient(lo_f<T>(w0), b0), y1 = quotient(hi_f<T>(w0), b1);
+  const float y2 = quotient(lo_f<T>(w1), b2), y3 = quotient(hi_f<T>(w1), b3);
   uint32_t q; /* cvt e4m3x2 d, a, b: a to the upper byte; satfinite clips as the rule does */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   asm("{\n.reg .b16 lo, hi;\n"
@@ -329,7 +308,7 @@ __global__ void __launch_bounds__(kThreads) quantize_rows16_kernel(QArgs a) {
   for (int u = 0; u < kRowsPerHalf; ++u) {
     v[u] = make_uint4(0u, 0u, 0u, 0u);
     if (live.has(r0 + u) && c < C)
-      v[u] = flush8<T>(__ldg(reinterpret_cast<const uint4 *>(xb + (r0 + u) * C + c)));
+      v[u] = __ldg(reinterpret_cast<const uint4 *>(xb + (r0 + u) * C + c));
   }
 #pragma unroll
   for (int u = 0; u < kRowsPerHalf; ++u) {
@@ -342,13 +321,8 @@ __global__ void __launch_bounds__(kThreads) quantize_rows16_kernel(QArgs a) {
     const BlockScale bs = make_scale(amax_of<T>(max_halves(m)), a.pow2);
     if (hl == 0) a.scale[((size_t)b * R + r) * nbc + blockIdx.y] = bs.s;
     if (c >= C) continue;
-    uint2 o;
-    if (!bs.exact) /* (the same for the 16 lanes of the block) */
-      o = make_uint2(q4<T, false>(v[u].x, v[u].y, bs, bs, bs, bs),
-                     q4<T, false>(v[u].z, v[u].w, bs, bs, bs, bs));
-    else
-      o = make_uint2(q4<T, true>(v[u].x, v[u].y, bs, bs, bs, bs),
-                     q4<T, true>(v[u].z, v[u].w, bs, bs, bs, bs));
+    const uint2 o = make_uint2(q4<T>(v[u].x, v[u].y, bs, bs, bs, bs),
+                               q4<T>(v[u].z, v[u].w, bs, bs, bs, bs));
     *reinterpret_cast<uint2 *>(a.q + ((size_t)b * R + r) * C + c) = o;
   }
 }
@@ -365,7 +339,7 @@ enum TileMode { kPerCol, kWhole, kBoth };
  * chunks rotated by lane so that 8 lanes hit 8 bank groups), then q (4 bytes of a row a store, a
  * warp's 128 bytes contiguous) and q_t (16 rows of a column a 16-byte store). */
 template <sl_dtype T, TileMode MODE>
-__global__ void __launch_bounds__(kThreads) quantize_tile16_kernel(QArgs a) {
+__global__ void __launch_bounds__(kThreads, MODE == kBoth ? 3 : 4) quantize_tile16_kernel(QArgs a) {
   __shared__ __align__(16) uint16_t tile[kT * kT];
   __shared__ uint2 red[kThreads / 32][32];
   __shared__ BlockScale sc[kT], sc_row[MODE == kBoth ? kT : 1];
@@ -393,7 +367,6 @@ __global__ void __launch_bounds__(kThreads) quantize_tile16_kernel(QArgs a) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     v[i] = *reinterpret_cast<const uint2 *>(tile + (warp * 16 + i) * kT + lane * 4);
-    v[i].x = flush2<T>(v[i].x), v[i].y = flush2<T>(v[i].y);
     if (MODE != kBoth || range.has(rw + i))
       m0 = __vmaxu2(m0, v[i].x & kMag2), m1 = __vmaxu2(m1, v[i].y & kMag2);
   }
@@ -451,8 +424,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tile16_kernel(QArgs a) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const BlockScale s = sc_row[warp * 16 + i]; /* (the same for the warp) */
-      const uint32_t w = s.exact ? q4<T, true>(v[i].x, v[i].y, s, s, s, s)
-                                 : q4<T, false>(v[i].x, v[i].y, s, s, s, s);
+      const uint32_t w = q4<T>(v[i].x, v[i].y, s, s, s, s);
       if (rw + i < a.x_rows) *reinterpret_cast<uint32_t *>(qb + (rw + i) * C + c) = w;
     }
   }
@@ -463,13 +435,8 @@ __global__ void __launch_bounds__(kThreads) quantize_tile16_kernel(QArgs a) {
   }
   const BlockScale s0 = sc[MODE == kWhole ? 0 : lane * 4], s1 = sc[MODE == kWhole ? 0 : lane * 4 + 1];
   const BlockScale s2 = sc[MODE == kWhole ? 0 : lane * 4 + 2], s3 = sc[MODE == kWhole ? 0 : lane * 4 + 3];
-  if (!(s0.exact || s1.exact || s2.exact || s3.exact)) {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) q[i] = q4<T, false>(v[i].x, v[i].y, s0, s1, s2, s3);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) q[i] = q4<T, true>(v[i].x, v[i].y, s0, s1, s2, s3);
-  }
+  for (int i = 0; i < 16; ++i) q[i] = q4<T>(v[i].x, v[i].y, s0, s1, s2, s3);
   if (MODE != kBoth && a.q) {
     uint8_t *qb = a.q + (size_t)b * R * C;
 #pragma unroll
@@ -497,7 +464,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tile16_kernel(QArgs a) {
   }
 }
 
-constexpr size_t kSmemBytes = (size_t)(kT * kLd + kT) * sizeof(float);
+constexpr size_t kSmemBytes = (size_t)(kT * kLd + 2 * kT) * sizeof(float);
 constexpr int kMaxDevices = 64;
 bool g_smem_raised[kMaxDevices];
 std::mutex g_smem_mutex;

@@ -43,7 +43,8 @@ def np_quantize(x, block, power_of_two):
         scale = np.maximum(2.0**e, 2.0**-126).astype(np.float32)
     else:
         scale = np.maximum(amax * np.float32(1 / 448), np.float32(2.0**-126))
-    y = np.clip(xb / scale[..., :, None, :, None], -448, 448)
+    rcp = (np.float32(1) / scale).astype(np.float32)
+    y = np.clip(xb * rcp[..., :, None, :, None], -448, 448)
     q = y.astype(ml_dtypes.float8_e4m3fn).reshape(xp.shape)[..., :r, :c]
     return q, scale
 
@@ -144,6 +145,18 @@ def test_zero_and_tiny_blocks():
         bound = 1.0001 * U * np.maximum(np.abs(x), 2.0**-6 * expanded(s, fp8.ACT, x.shape))
         assert np.all(np.abs(d - x) <= bound)
         assert np.all(np.isfinite(d)) and np.all(d[0] == 0)
+
+
+def test_signed_zeros_and_underflow():
+    """Zeros of either sign and float32 subnormals give q = +0; a nonzero x whose product with the
+    block's reciprocal underflows gives a zero of its own sign (as its e4m3 rounding does)."""
+    x = np.zeros((1, 256), np.float32)
+    x[0, :4] = [-0.0, -1e-39, 1e-39, 1.0]
+    x[0, 128:131] = [3e38, -1e-30, 1e-30]
+    q, _ = fp8.quantize_act(jnp.asarray(x))
+    b = bits(q)[0]
+    assert list(b[:3]) == [0x00, 0x00, 0x00]
+    assert b[129] == 0x80 and b[130] == 0x00
 
 
 def test_non_finite_blocks_come_back_nan():
