@@ -395,7 +395,7 @@ def bench_quantize(lib, args):
         sc = torch.empty(ns, device=dev, dtype=torch.float32)
         d = QuantDesc(ctypes.sizeof(QuantDesc), b, r, c, r, SL_DTYPE_BF16, br, bc, 0)
         if both:
-            sct = torch.empty(b * (r // 128) * c, device=dev, dtype=torch.float32)
+            sct = torch.empty(b * ((r + 127) // 128) * c, device=dev, dtype=torch.float32)
             ns += sct.numel()
 
             def call(d=d, x=x, q=q, sc=sc, qt=qt, sct=sct):

@@ -469,10 +469,6 @@ constexpr int kMaxDevices = 64;
 bool g_smem_raised[kMaxDevices];
 std::mutex g_smem_mutex;
 
-} /* namespace */
-
-namespace {
-
 /* The checks both entry points share, the general kernel's shared-memory opt-in, and x's
  * arguments (its pointers are checked by the callers, after zero sizes have returned). */
 sl_status prepare(const sl_quantize_fp8_desc *d, const void *x, const int32_t *row_range,

@@ -16,8 +16,8 @@
  */
 #include "ffi_util.h"
 
-static XLA_FFI_Error *bad(const XLA_FFI_CallFrame *f, const char *what) {
-  return sl_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "sluice quantize_fp8: %s", what);
+static XLA_FFI_Error *bad(const XLA_FFI_CallFrame *f, const char *op, const char *what) {
+  return sl_ffi_error(f, XLA_FFI_Error_Code_INVALID_ARGUMENT, "sluice %s: %s", op, what);
 }
 
 static int64_t elements(const XLA_FFI_Buffer *b) {
@@ -33,19 +33,19 @@ static int is_e4m3(const XLA_FFI_Buffer *b, int64_t n) {
 }
 
 /* x [..., X_R, C] and row_range int32 [..., 2] (arguments 0 and 1) as a descriptor. */
-static XLA_FFI_Error *read_x(XLA_FFI_CallFrame *f, int64_t rows, int br, int bc, int64_t pow2,
-                             sl_quantize_fp8_desc *d) {
+static XLA_FFI_Error *read_x(XLA_FFI_CallFrame *f, const char *op, int64_t rows, int br, int bc,
+                             int64_t pow2, sl_quantize_fp8_desc *d) {
   const XLA_FFI_Buffer *x = sl_ffi_arg(f, 0), *vr = sl_ffi_arg(f, 1);
-  if (x->rank < 2) return bad(f, "x must have rank >= 2 ([..., rows, cols])");
+  if (x->rank < 2) return bad(f, op, "x must have rank >= 2 ([..., rows, cols])");
   const int nb = (int)x->rank - 2;
   *d = (sl_quantize_fp8_desc){sizeof(sl_quantize_fp8_desc), 1, rows, x->dims[nb + 1], x->dims[nb],
                               SL_DTYPE_F32, br, bc, (int)(pow2 != 0)};
   for (int i = 0; i < nb; ++i) d->batch *= x->dims[i];
   if (!sl_ffi_dtype(x->dtype, &d->dtype) || d->dtype == SL_DTYPE_I32 ||
       d->dtype == SL_DTYPE_F8E4M3)
-    return bad(f, "x must be float32, bfloat16 or float16");
+    return bad(f, op, "x must be float32, bfloat16 or float16");
   if (vr->dtype != XLA_FFI_DataType_S32 || vr->rank != nb + 1 || vr->dims[nb] != 2)
-    return bad(f, "row_range must be int32 [..., 2] with x's batch dims");
+    return bad(f, op, "row_range must be int32 [..., 2] with x's batch dims");
   return NULL;
 }
 
@@ -67,14 +67,14 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *f, int on_cuda) {
       (err = sl_ffi_int_attr(f, op, "write_qt", &wqt)))
     return err;
   sl_quantize_fp8_desc d;
-  if ((err = read_x(f, rows, (int)br, (int)bc, pow2, &d))) return err;
+  if ((err = read_x(f, op, rows, (int)br, (int)bc, pow2, &d))) return err;
   XLA_FFI_Buffer *q = sl_ffi_ret(f, 0), *qt = sl_ffi_ret(f, 1), *sc = sl_ffi_ret(f, 2);
   if (!is_f32(sc, d.batch * (br == 1 ? rows : (rows + 127) / 128) *
                       (bc == 1 ? d.cols : (d.cols + 127) / 128)))
-    return bad(f, "scale must be float32 with the block layout's element count");
+    return bad(f, op, "scale must be float32 with the block layout's element count");
   const int64_t want_q = d.batch * rows * d.cols;
   if ((wq && !is_e4m3(q, want_q)) || (wqt && !is_e4m3(qt, want_q)))
-    return bad(f, "q and q_t must be float8_e4m3fn [..., rows, cols] and [..., cols, rows]");
+    return bad(f, op, "q and q_t must be float8_e4m3fn [..., rows, cols] and [..., cols, rows]");
   void *stream = sl_ffi_stream(f, &err);
   if (err) return err;
   sl_status st = sl_quantize_fp8_cuda(&d, sl_ffi_arg(f, 0)->data, sl_ffi_arg(f, 1)->data,
@@ -97,14 +97,14 @@ static XLA_FFI_Error *handle_both(XLA_FFI_CallFrame *f, int on_cuda) {
       (err = sl_ffi_int_attr(f, op, "power_of_two", &pow2)))
     return err;
   sl_quantize_fp8_desc d;
-  if ((err = read_x(f, rows, 1, 128, pow2, &d))) return err;
+  if ((err = read_x(f, op, rows, 1, 128, pow2, &d))) return err;
   XLA_FFI_Buffer *q = sl_ffi_ret(f, 0), *sc = sl_ffi_ret(f, 1);
   XLA_FFI_Buffer *qt = sl_ffi_ret(f, 2), *sct = sl_ffi_ret(f, 3);
   if (!is_e4m3(q, d.batch * d.x_rows * d.cols) || !is_e4m3(qt, d.batch * rows * d.cols))
-    return bad(f, "q and q_t must be float8_e4m3fn [..., x rows, cols] and [..., cols, rows]");
+    return bad(f, op, "q and q_t must be float8_e4m3fn [..., x rows, cols] and [..., cols, rows]");
   if (!is_f32(sc, d.batch * d.x_rows * ((d.cols + 127) / 128)) ||
       !is_f32(sct, d.batch * ((rows + 127) / 128) * d.cols))
-    return bad(f, "scale and scale_t must be float32 of the 1x128 and 128x1 layouts");
+    return bad(f, op, "scale and scale_t must be float32 of the 1x128 and 128x1 layouts");
   void *stream = sl_ffi_stream(f, &err);
   if (err) return err;
   sl_status st = sl_quantize_fp8_both_cuda(&d, sl_ffi_arg(f, 0)->data, sl_ffi_arg(f, 1)->data,
