@@ -10,9 +10,13 @@
  * 128 columns a warpgroup runs 4 wgmmas into a fresh partial accumulator, waits for them, and adds
  * partial x scales into its f32 total: the promotion DeepSeek-V3 describes (the FP8 wgmma's own
  * accumulation keeps fewer bits than f32, so no partial sum is longer than one block). While one
- * warpgroup promotes, the other's wgmmas keep the tensor cores busy.
+ * warpgroup promotes, the other's wgmmas keep the tensor cores busy. The consumers' wgmma
+ * descriptors are stage 0's, made once: a stage, a 32-byte k step and a 128-column sub-tile are
+ * additions to the start-address field, so a batch's four wgmmas issue back to back from uniform
+ * registers (an m64n128k32 takes the tensor pipe 64 cycles, less than rebuilding a descriptor from
+ * an address does).
  *   gmm:  scale = lhs_scale[row, kb] x rhs_scale[j, nb, kb]: two row scales and one block scalar
- *         per thread and k-block, loaded while the k-block's wgmmas run.
+ *         per thread, 128 columns and k-block, loaded before the wait for the k-block's stage.
  *   tgmm: the k-blocks are the absolute 128-row blocks of the ragged dim from the group's first row
  *         to its last; the rows of a block outside the group are zeroed in A (each warpgroup its
  *         own 64 rows of A) before the wgmmas, so they add nothing (a non-finite value there makes
@@ -214,9 +218,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  const int cw = wg - 1, lt = threadIdx.x & 127, warp = lt >> 5, lane = lt & 31;
+  /* the warpgroup index through a shuffle from lane 0, which the compiler knows to be uniform */
+  const int cw = __shfl_sync(0xffffffffu, wg - 1, 0);
+  const int lt = threadIdx.x & 127, warp = lt >> 5, lane = lt & 31;
   const int M = a.m, K = a.k, N = a.n;
   const int KB = (K + kKB - 1) / kKB, NB = (N + 127) / 128; /* gmm's scale blocks */
+  /* stage 0's descriptors: A's 64 rows of this warpgroup and B; a stage, a 32-byte k step and
+   * a 128-column sub-tile are additions to the start address field (16-byte units) */
+  const uint64_t desc_a0 = make_desc(stage0 + cw * 64 * 128, 16, 1024);
+  const uint64_t desc_b0 = make_desc(stage0 + S::kABytes, 16, 1024);
   int s = 0;
   uint32_t phase = 0;
   float total[64 * NSUB];
@@ -228,10 +238,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 64 * NSUB; ++i) total[i] = 0.f;
     /* gmm: a tile with at most 64 rows of its group leaves warpgroup 2 nothing to compute */
     const bool idle = !WGRAD && cw == 1 && d.ge - d.m0 <= 64;
-    const int r0 = d.m0 + cw * 64 + warp * 16 + (lane >> 2); /* this thread's rows r0, r0 + 8 */
+    /* gmm's scales: this thread's rows r0 and r0 + 8 (clamped into the array) and the weight's
+     * 128-column blocks of the tile, each pointer advanced a k-block at a time */
+    const int r0 = d.m0 + cw * 64 + warp * 16 + (lane >> 2);
+    const float *sa0 = args.sa + (size_t)min(r0, M - 1) * KB;
+    const float *sa1 = args.sa + (size_t)min(r0 + 8, M - 1) * KB;
+    const float *sw0 = args.sb + ((size_t)d.j * NB + min(d.n0 >> 7, NB - 1)) * KB;
+    const float *sw1 = args.sb + ((size_t)d.j * NB + min((d.n0 >> 7) + 1, NB - 1)) * KB;
     for (int kb = 0; kb < d.nk; ++kb) {
+      /* gmm: the k-block's scales, loaded before the wait so that the wait and the wgmmas hide
+       * their latency */
+      float fs0 = 0.f, fs1 = 0.f, fw0 = 0.f, fw1 = 0.f;
+      if constexpr (!WGRAD) {
+        fs0 = __ldg(sa0++), fs1 = __ldg(sa1++), fw0 = __ldg(sw0++);
+        if constexpr (NSUB > 1) fw1 = __ldg(sw1++);
+      }
       mbar_wait(full0 + 8 * s, phase);
       const uint32_t sa = stage0 + s * S::kStageBytes, sb = sa + S::kABytes;
+      const uint64_t soff = (uint32_t)(s * S::kStageBytes) >> 4;
       if (!idle) {
         int mb = 0;
         if constexpr (WGRAD) {
@@ -248,21 +272,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           if constexpr (WGRAD) turn_wait(cw);
           wgmma_fence();
 #pragma unroll
-          for (int kk = 0; kk < kKB / 32; ++kk) {
-            const uint64_t da = make_desc(sa + cw * 64 * 128 + kk * 32, 16, 1024);
-            const uint64_t db = make_desc(sb + sub * 128 * 128 + kk * 32, 16, 1024);
-            wgmma_e4m3(part, da, db, kk > 0);
-          }
+          for (int kk = 0; kk < kKB / 32; ++kk)
+            wgmma_e4m3(part, desc_a0 + soff + 2 * kk, desc_b0 + soff + sub * 1024 + 2 * kk, kk > 0);
           wgmma_commit();
           if constexpr (WGRAD) turn_pass(cw);
-          /* the scales, loaded while the wgmmas run */
           if constexpr (!WGRAD) {
-            const float *sa_row = args.sa + (size_t)kb;
-            const float s0 = __ldg(sa_row + (size_t)min(r0, M - 1) * KB);
-            const float s1 = __ldg(sa_row + (size_t)min(r0 + 8, M - 1) * KB);
-            const int nb = min((d.n0 >> 7) + sub, NB - 1);
-            const float sw = __ldg(args.sb + ((size_t)d.j * NB + nb) * KB + kb);
-            const float f0 = s0 * sw, f1 = s1 * sw;
+            const float sw = sub == 0 ? fw0 : fw1;
+            const float f0 = fs0 * sw, f1 = fs1 * sw;
             wgmma_wait0();
             fence_part(part);
 #pragma unroll
