@@ -46,7 +46,7 @@ def open_lib(path):
     lib.sl_quantize_fp8_cuda.restype = ctypes.c_int
     lib.sl_quantize_fp8_cuda.argtypes = [ctypes.POINTER(QuantDesc)] + [ctypes.c_void_p] * 6
     lib.sl_quantize_fp8_both_cuda.restype = ctypes.c_int
-    lib.sl_quantize_fp8_both_cuda.argtypes = [ctypes.POINTER(QuantDesc)] + [ctypes.c_void_p] * 7
+    lib.sl_quantize_fp8_both_cuda.argtypes = [ctypes.POINTER(QuantDesc)] + [ctypes.c_void_p] * 8
     lib.sl_last_error.restype = ctypes.c_char_p
     lib.sl_gmm_cuda_workspace_size.restype = ctypes.c_size_t
     return lib
@@ -356,7 +356,8 @@ def quantize_call(lib, d, x, q, qt, sc):
 def bench_quantize(lib, args):
     """GB/s of sl_quantize_fp8_cuda: activations by 1x128 (q), by 128x1 written transposed (q_t),
     and weights by 128x128 written in both layouts; and of sl_quantize_fp8_both_cuda (an
-    activation's q and q_t from one read)."""
+    activation's q and q_t from one read; "gathered": its rows picked from token rows by index, 8
+    copies of each in random order, as fan-out makes them; counted as read once per copy)."""
     import torch
 
     dev = torch.device("cuda")
@@ -383,26 +384,31 @@ def bench_quantize(lib, args):
         ("act 128x1 -> q_t (N 2048)", 32768, 2048, 1, (128, 1), False, True),
         ("act 1x128 -> q and 128x1 -> q_t, one pass", 32768, 7168, 1, "both", True, True),
         ("act both, one pass (N 2048)", 32768, 2048, 1, "both", True, True),
+        ("act both, gathered 8 copies of 4096 token rows", 32768, 7168, 1, "gather", True, True),
+        ("act both, gathered 8 copies of 32768 token rows", 262144, 1024, 1, "gather", True, True),
         ("weight 128x128 -> q, q_t", 7168, 4096, 32, (128, 128), True, True),
     ]
     for name, r, c, b, block, wq, wqt in cases:
-        both = block == "both"
+        both, gathered = block in ("both", "gather"), block == "gather"
         br, bc = (1, 128) if both else block
-        x = torch.randn(b, r, c, device=dev, dtype=torch.bfloat16)
+        x = torch.randn(b, r // 8 if gathered else r, c, device=dev, dtype=torch.bfloat16)
+        idx = torch.randperm(r, device=dev, dtype=torch.int64) % (r // 8) if gathered else None
+        idx = idx.to(torch.int32) if gathered else None
         q = torch.empty(b, r, c, device=dev, dtype=torch.uint8) if wq else None
         qt = torch.empty(b, c, r, device=dev, dtype=torch.uint8) if wqt else None
         ns = b * (r if br == 1 else (r + 127) // 128) * (c if bc == 1 else (c + 127) // 128)
         sc = torch.empty(ns, device=dev, dtype=torch.float32)
-        d = QuantDesc(ctypes.sizeof(QuantDesc), b, r, c, r, SL_DTYPE_BF16, br, bc, 0)
+        d = QuantDesc(ctypes.sizeof(QuantDesc), b, r, c, r, SL_DTYPE_BF16, br, bc, 0, r // 8)
         if both:
             sct = torch.empty(b * ((r + 127) // 128) * c, device=dev, dtype=torch.float32)
             ns += sct.numel()
 
-            def call(d=d, x=x, q=q, sc=sc, qt=qt, sct=sct):
+            def call(d=d, x=x, q=q, sc=sc, qt=qt, sct=sct, idx=idx):
                 st = lib.sl_quantize_fp8_both_cuda(
                     ctypes.byref(d),
                     x.data_ptr(),
                     None,
+                    None if idx is None else idx.data_ptr(),
                     q.data_ptr(),
                     sc.data_ptr(),
                     qt.data_ptr(),

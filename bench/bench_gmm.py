@@ -60,6 +60,7 @@ class QuantDesc(ctypes.Structure):
         ("block_rows", ctypes.c_int),
         ("block_cols", ctypes.c_int),
         ("power_of_two", ctypes.c_int),
+        ("src_rows", ctypes.c_int64),
     ]
 
 

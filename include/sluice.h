@@ -196,6 +196,7 @@ typedef struct sl_quantize_fp8_desc {
   sl_dtype dtype; /* of x */
   int block_rows, block_cols;
   int power_of_two;
+  int64_t src_rows; /* sl_quantize_fp8_both_cuda with a gather: the rows of x (else unused) */
 } sl_quantize_fp8_desc;
 sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *desc, const void *x,
                                const int32_t *row_range, void *q, void *q_t, float *scale,
@@ -206,10 +207,13 @@ sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *desc, const void *x,
  *   row of x (row_range does not apply);
  *   q_t [batch, cols, rows] with scale_t [batch, ceil(rows/128), cols]: 128 x 1 blocks of x read
  *   as [batch, rows, cols], rows past x_rows and outside row_range zero, written transposed.
+ * gather (device int32 [batch, x_rows], or NULL) quantizes rows of x picked by index without
+ * writing them out: row r of the activation is row gather[b, r] of x [batch, src_rows, cols], and
+ * zero where that index is outside [0, src_rows) (fan-out's expert-sorted copies of token rows).
  * desc's block must be (1, 128). All four outputs are required. */
 sl_status sl_quantize_fp8_both_cuda(const sl_quantize_fp8_desc *desc, const void *x,
-                                    const int32_t *row_range, void *q, float *scale, void *q_t,
-                                    float *scale_t, void *stream);
+                                    const int32_t *row_range, const int32_t *gather, void *q,
+                                    float *scale, void *q_t, float *scale_t, void *stream);
 
 /* 1 if the library was built with CUDA kernels, else 0. */
 int sl_has_cuda(void);

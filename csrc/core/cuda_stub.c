@@ -57,9 +57,10 @@ sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *desc, const void *x,
 }
 
 sl_status sl_quantize_fp8_both_cuda(const sl_quantize_fp8_desc *desc, const void *x,
-                                    const int32_t *row_range, void *q, float *scale, void *q_t,
-                                    float *scale_t, void *stream) {
-  (void)desc, (void)x, (void)row_range, (void)q, (void)scale, (void)q_t, (void)scale_t;
+                                    const int32_t *row_range, const int32_t *gather, void *q,
+                                    float *scale, void *q_t, float *scale_t, void *stream) {
+  (void)desc, (void)x, (void)row_range, (void)gather, (void)q, (void)scale, (void)q_t;
+  (void)scale_t;
   (void)stream;
   return not_built("quantize_fp8_both");
 }

@@ -10,7 +10,10 @@
  *                            gradient's transposed operands, the weights in both layouts)
  *   quantize_kernel          everything else (float32 x, widths not a multiple of 8, unaligned
  *                            pointers, 1 x 128 blocks with q_t): a 128 x 128 tile in shared
- *                            memory as float32, a product by the block's reciprocal per element. */
+ *                            memory as float32, a product by the block's reciprocal per element.
+ * sl_quantize_fp8_both_cuda's gather (rows picked by index) is read where a tile kernel or the
+ * general one loads its rows: the fanned-out copies of token rows are quantized without being
+ * written first. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -31,6 +34,8 @@ constexpr float kScaleMin = 1.17549435e-38f;         /* 2^-126 */
 struct QArgs {
   const void *x;
   const int32_t *row_range; /* device int32 [batch][2] (lo, hi) or NULL: rows read from x */
+  const int32_t *gather;    /* device int32 [batch][x_rows] or NULL: the row of x each row reads */
+  long long src_rows;       /* with gather: the rows of x per problem */
   uint8_t *q, *qt;           /* [B, rows, cols], [B, cols, rows]; NULL: not written */
   float *scale;
   float *scale_t;                      /* quantize_both's q_t scale (128 x 1 blocks) */
@@ -96,6 +101,17 @@ __device__ __forceinline__ Live live_rows(const QArgs &a, long long b) {
   return l;
 }
 
+/* The rows of x per problem, and the row of x that row r (< x_rows) of problem b reads: r itself,
+ * or with a gather its index there, -1 (read as zero) where that is outside [0, src_rows). */
+__device__ __forceinline__ long long x_rows_per_problem(const QArgs &a) {
+  return a.gather ? a.src_rows : a.x_rows;
+}
+__device__ __forceinline__ long long x_row(const QArgs &a, long long b, long long r) {
+  if (!a.gather) return r;
+  const int g = __ldg(a.gather + b * a.x_rows + r);
+  return g >= 0 && g < a.src_rows ? g : -1;
+}
+
 /* e4m3_rn(clip(v * rcp)) (satfinite clips as the rule does; NaN stays NaN); v already flushed. */
 __device__ __forceinline__ uint8_t to_e4m3_mul(float v, float rcp) {
   return (uint8_t)__nv_cvt_float_to_fp8(__fmul_rn(v, rcp), __NV_SATFINITE, __NV_E4M3);
@@ -115,7 +131,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
   const long long R = a.rows, C = a.cols;
   const Live live = live_rows(a, b);
   const size_t es = a.dtype == SL_DTYPE_F32 ? 4 : 2;
-  const char *xb = (const char *)a.x + (size_t)b * a.x_rows * C * es;
+  const char *xb = (const char *)a.x + (size_t)b * x_rows_per_problem(a) * C * es;
 
   /* load: 8 elements a step, the 16-bit inputs as one 16-byte load (batching a thread's 8 loads
    * before their use, as the row and column kernels do, cost this kernel 8-20%: 127 registers
@@ -123,9 +139,9 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
   const bool vec = (C % 8 == 0) && ((uintptr_t)a.x % 16 == 0) && es == 2;
   for (int i = tid; i < kT * (kT / 8); i += kThreads) {
     const int rr = i / (kT / 8), cc = (i % (kT / 8)) * 8;
-    const long long r = r0 + rr, c = c0 + cc;
+    const long long c = c0 + cc, r = live.has(r0 + rr) ? x_row(a, b, r0 + rr) : -1;
     float v[8];
-    if (vec && live.has(r) && c + 8 <= C) {
+    if (vec && r >= 0 && c + 8 <= C) {
       const uint4 u = __ldg(reinterpret_cast<const uint4 *>(xb + ((size_t)r * C + c) * 2));
       const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
@@ -133,7 +149,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
     } else {
 #pragma unroll
       for (int k = 0; k < 8; ++k)
-        v[k] = (live.has(r) && c + k < C) ? load_one(xb, a.dtype, (size_t)r * C + c + k) : 0.f;
+        v[k] = (r >= 0 && c + k < C) ? load_one(xb, a.dtype, (size_t)r * C + c + k) : 0.f;
     }
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
@@ -348,12 +364,12 @@ __global__ void __launch_bounds__(kThreads, MODE == kBoth ? 3 : 4) quantize_tile
   const long long R = a.rows, C = a.cols;
   /* the rows loaded, and (kBoth) the rows q_t reads: row_range's */
   const Live range = live_rows(a, b), live = MODE == kBoth ? Live{0, a.x_rows} : range;
-  const uint16_t *xb = (const uint16_t *)a.x + (size_t)b * a.x_rows * C;
+  const uint16_t *xb = (const uint16_t *)a.x + (size_t)b * x_rows_per_problem(a) * C;
 #pragma unroll
   for (int j = 0; j < kT * kT / 8 / kThreads; ++j) {
     const int i = tid + j * kThreads, rr = i >> 4, cc = (i & 15) * 8;
-    const long long r = r0 + rr, c = c0 + cc;
-    const bool in = live.has(r) && c < C;
+    const long long c = c0 + cc, r = live.has(r0 + rr) ? x_row(a, b, r0 + rr) : -1;
+    const bool in = r >= 0 && c < C;
     const uint16_t *src = in ? xb + r * C + c : xb;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
                      (uint32_t)__cvta_generic_to_shared(tile + rr * kT + cc)),
@@ -511,6 +527,34 @@ sl_status launched(const char *op) {
   return SL_STATUS_SUCCESS;
 }
 
+/* sl_quantize_fp8_cuda's work, with an optional gather (a.gather, a.src_rows already set), after
+ * the checks: the fast kernels for 16-bit x, the general one for the rest (float32 x, odd widths,
+ * 1 x 128 blocks with q_t) and for gathered 1 x 128 or 128 x 128 blocks. */
+sl_status quantize_rows(const sl_quantize_fp8_desc *d, QArgs a, void *q, void *q_t, float *scale,
+                        cudaStream_t s, const char *op) {
+  a.q = (uint8_t *)q, a.qt = (uint8_t *)q_t, a.scale = scale;
+  const bool fast = fast16(a, q, q_t), bf16 = a.dtype == SL_DTYPE_BF16;
+  const unsigned col_tiles = (unsigned)((d->cols + kT - 1) / kT), B = (unsigned)d->batch;
+  const dim3 tiles((unsigned)((d->rows + kT - 1) / kT), col_tiles, B);
+  if (fast && a.br == 1 && a.qt == nullptr && !a.gather) {
+    const dim3 grid((unsigned)((d->rows + kRowsPerCta - 1) / kRowsPerCta), col_tiles, B);
+    if (bf16)
+      quantize_rows16_kernel<SL_DTYPE_BF16><<<grid, kThreads, 0, s>>>(a);
+    else
+      quantize_rows16_kernel<SL_DTYPE_F16><<<grid, kThreads, 0, s>>>(a);
+  } else if (fast && a.br == 128 && (a.bc == 1 || !a.gather)) {
+    if (a.bc == 1)
+      bf16 ? quantize_tile16_kernel<SL_DTYPE_BF16, kPerCol><<<tiles, kThreads, 0, s>>>(a)
+           : quantize_tile16_kernel<SL_DTYPE_F16, kPerCol><<<tiles, kThreads, 0, s>>>(a);
+    else
+      bf16 ? quantize_tile16_kernel<SL_DTYPE_BF16, kWhole><<<tiles, kThreads, 0, s>>>(a)
+           : quantize_tile16_kernel<SL_DTYPE_F16, kWhole><<<tiles, kThreads, 0, s>>>(a);
+  } else {
+    quantize_kernel<<<tiles, kThreads, kSmemBytes, s>>>(a);
+  }
+  return launched(op);
+}
+
 } /* namespace */
 
 extern "C" sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *d, const void *x,
@@ -524,35 +568,13 @@ extern "C" sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *d, const v
   if ((x == NULL && d->x_rows > 0) || scale == NULL || (q == NULL && q_t == NULL))
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "%s: x, scale and at least one of q and q_t must be given", op);
-  a.q = (uint8_t *)q, a.qt = (uint8_t *)q_t, a.scale = scale;
-  cudaStream_t s = (cudaStream_t)stream;
-  /* 16-bit x: the fast kernels; the rest (float32 x, odd widths, 1 x 128 blocks with q_t) the
-   * general one */
-  const bool fast = fast16(a, q, q_t), bf16 = a.dtype == SL_DTYPE_BF16;
-  const unsigned col_tiles = (unsigned)((d->cols + kT - 1) / kT), B = (unsigned)d->batch;
-  const dim3 tiles((unsigned)((d->rows + kT - 1) / kT), col_tiles, B);
-  if (fast && a.br == 1 && a.qt == nullptr) {
-    const dim3 grid((unsigned)((d->rows + kRowsPerCta - 1) / kRowsPerCta), col_tiles, B);
-    if (bf16)
-      quantize_rows16_kernel<SL_DTYPE_BF16><<<grid, kThreads, 0, s>>>(a);
-    else
-      quantize_rows16_kernel<SL_DTYPE_F16><<<grid, kThreads, 0, s>>>(a);
-  } else if (fast && a.br == 128) {
-    if (a.bc == 1)
-      bf16 ? quantize_tile16_kernel<SL_DTYPE_BF16, kPerCol><<<tiles, kThreads, 0, s>>>(a)
-           : quantize_tile16_kernel<SL_DTYPE_F16, kPerCol><<<tiles, kThreads, 0, s>>>(a);
-    else
-      bf16 ? quantize_tile16_kernel<SL_DTYPE_BF16, kWhole><<<tiles, kThreads, 0, s>>>(a)
-           : quantize_tile16_kernel<SL_DTYPE_F16, kWhole><<<tiles, kThreads, 0, s>>>(a);
-  } else {
-    quantize_kernel<<<tiles, kThreads, kSmemBytes, s>>>(a);
-  }
-  return launched(op);
+  return quantize_rows(d, a, q, q_t, scale, (cudaStream_t)stream, op);
 }
 
 extern "C" sl_status sl_quantize_fp8_both_cuda(const sl_quantize_fp8_desc *d, const void *x,
-                                               const int32_t *row_range, void *q, float *scale,
-                                               void *q_t, float *scale_t, void *stream) {
+                                               const int32_t *row_range, const int32_t *gather,
+                                               void *q, float *scale, void *q_t, float *scale_t,
+                                               void *stream) {
   const char *op = "quantize_fp8_both";
   QArgs a;
   sl_status st = prepare(d, x, row_range, op, &a);
@@ -561,28 +583,35 @@ extern "C" sl_status sl_quantize_fp8_both_cuda(const sl_quantize_fp8_desc *d, co
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "%s: the descriptor's block must be 1x128 (q's; q_t's is 128x1), got %dx%d",
                         op, d->block_rows, d->block_cols);
+  if (gather != NULL && d->src_rows < 0)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "%s: with a gather, src_rows (the rows of x) must be >= 0, got %lld", op,
+                        (long long)d->src_rows);
   if (d->rows == 0 || d->cols == 0 || d->batch == 0) return SL_STATUS_SUCCESS;
-  if ((x == NULL && d->x_rows > 0) || (q == NULL && d->x_rows > 0) ||
-      (scale == NULL && d->x_rows > 0) || q_t == NULL || scale_t == NULL)
+  const long long x_in = gather ? d->src_rows : d->x_rows; /* rows x holds */
+  if ((x == NULL && x_in > 0) || (q == NULL && d->x_rows > 0) || (scale == NULL && d->x_rows > 0) || q_t == NULL ||
+      scale_t == NULL)
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "%s: x, q, scale (where x has rows), q_t and scale_t must be given", op);
+  a.gather = gather, a.src_rows = gather ? d->src_rows : 0;
+  cudaStream_t s = (cudaStream_t)stream;
   if (!fast16(a, q, q_t)) { /* the two passes it stands for */
     sl_quantize_fp8_desc dq = *d, dt = *d;
     dq.rows = d->x_rows;
     dt.block_rows = 128, dt.block_cols = 1;
-    st = dq.rows == 0 ? SL_STATUS_SUCCESS
-                      : sl_quantize_fp8_cuda(&dq, x, NULL, q, NULL, scale, stream);
-    return st != SL_STATUS_SUCCESS ? st
-                                   : sl_quantize_fp8_cuda(&dt, x, row_range, NULL, q_t, scale_t,
-                                                          stream);
+    QArgs aq = a, at = a;
+    aq.rows = dq.rows, aq.row_range = NULL;
+    at.br = 128, at.bc = 1;
+    st = dq.rows == 0 ? SL_STATUS_SUCCESS : quantize_rows(&dq, aq, q, NULL, scale, s, op);
+    return st != SL_STATUS_SUCCESS ? st : quantize_rows(&dt, at, NULL, q_t, scale_t, s, op);
   }
   a.q = (uint8_t *)q, a.qt = (uint8_t *)q_t, a.scale = scale, a.scale_t = scale_t;
   const dim3 tiles((unsigned)((d->rows + kT - 1) / kT), (unsigned)((d->cols + kT - 1) / kT),
                    (unsigned)d->batch);
-  cudaStream_t s = (cudaStream_t)stream;
   if (a.dtype == SL_DTYPE_BF16)
     quantize_tile16_kernel<SL_DTYPE_BF16, kBoth><<<tiles, kThreads, 0, s>>>(a);
   else
     quantize_tile16_kernel<SL_DTYPE_F16, kBoth><<<tiles, kThreads, 0, s>>>(a);
   return launched(op);
 }
+

@@ -9,9 +9,11 @@
  *           is not written and may have any shape, e.g. [0]), scale float32 (the block's layout).
  * Attributes (integer scalars): rows (R >= X_R; rows past X_R read as zero), block_rows,
  * block_cols, power_of_two, write_q, write_qt. Any number of leading batch dimensions.
- * sluice_quantize_fp8_both: the same operands; results q [..., X_R, C] and scale [..., X_R,
- * ceil(C/128)] (1x128 blocks of every row), q_t [..., C, R] and scale_t [..., ceil(R/128), C]
- * (128x1 blocks of the rows in row_range); attributes rows, power_of_two.
+ * sluice_quantize_fp8_both: the same operands and gather int32 [..., X_R] (with the attribute
+ * gathered = 1: row r reads row gather[r] of x, zero where that is outside x's rows; else any
+ * shape, unread, and X_R is x's rows); results q [..., X_R, C] and scale [..., X_R, ceil(C/128)]
+ * (1x128 blocks of every row), q_t [..., C, R] and scale_t [..., ceil(R/128), C] (128x1 blocks of
+ * the rows in row_range); attributes rows, power_of_two, gathered.
  * The CPU quantizes in jnp (python/sluice/ops/fp8.py); its handlers here only report that.
  */
 #include "ffi_util.h"
@@ -90,14 +92,24 @@ static XLA_FFI_Error *handle_both(XLA_FFI_CallFrame *f, int on_cuda) {
     return sl_ffi_error(f, XLA_FFI_Error_Code_UNIMPLEMENTED,
                         "sluice quantize_fp8_both: the CPU quantizes in jnp "
                         "(sluice.fp8.quantize_both)");
-  XLA_FFI_Error *err = sl_ffi_check_frame(f, op, 2, 4);
+  XLA_FFI_Error *err = sl_ffi_check_frame(f, op, 3, 4);
   if (err) return err;
-  int64_t rows, pow2;
+  int64_t rows, pow2, gathered;
   if ((err = sl_ffi_int_attr(f, op, "rows", &rows)) ||
-      (err = sl_ffi_int_attr(f, op, "power_of_two", &pow2)))
+      (err = sl_ffi_int_attr(f, op, "power_of_two", &pow2)) ||
+      (err = sl_ffi_int_attr(f, op, "gathered", &gathered)))
     return err;
   sl_quantize_fp8_desc d;
   if ((err = read_x(f, op, rows, 1, 128, pow2, &d))) return err;
+  const XLA_FFI_Buffer *x = sl_ffi_arg(f, 0), *g = sl_ffi_arg(f, 2);
+  const int32_t *gather = NULL;
+  if (gathered) {
+    const int nb = (int)x->rank - 2;
+    int same = g->dtype == XLA_FFI_DataType_S32 && g->rank == nb + 1;
+    for (int i = 0; same && i < nb; ++i) same = g->dims[i] == x->dims[i];
+    if (!same) return bad(f, op, "gather must be int32 [..., rows] with x's batch dims");
+    d.src_rows = d.x_rows, d.x_rows = g->dims[nb], gather = g->data;
+  }
   XLA_FFI_Buffer *q = sl_ffi_ret(f, 0), *sc = sl_ffi_ret(f, 1);
   XLA_FFI_Buffer *qt = sl_ffi_ret(f, 2), *sct = sl_ffi_ret(f, 3);
   if (!is_e4m3(q, d.batch * d.x_rows * d.cols) || !is_e4m3(qt, d.batch * rows * d.cols))
@@ -107,8 +119,8 @@ static XLA_FFI_Error *handle_both(XLA_FFI_CallFrame *f, int on_cuda) {
     return bad(f, op, "scale and scale_t must be float32 of the 1x128 and 128x1 layouts");
   void *stream = sl_ffi_stream(f, &err);
   if (err) return err;
-  sl_status st = sl_quantize_fp8_both_cuda(&d, sl_ffi_arg(f, 0)->data, sl_ffi_arg(f, 1)->data,
-                                           q->data, sc->data, qt->data, sct->data, stream);
+  sl_status st = sl_quantize_fp8_both_cuda(&d, x->data, sl_ffi_arg(f, 1)->data, gather, q->data,
+                                           sc->data, qt->data, sct->data, stream);
   return st == SL_STATUS_SUCCESS ? NULL : sl_ffi_status_error(f, op, st);
 }
 

@@ -106,10 +106,18 @@ def report(name, x, checks):
     return ok
 
 
-def check_both(lib, x, xt, rows, ranges, dt, pow2):
+def check_both(lib, x, xt, rows, ranges, dt, pow2, rng=None):
     """sl_quantize_fp8_both_cuda against the reference's 1x128 q of every row of x and 128x1 q_t of
-    the rows in ranges (x read as `rows` rows)."""
+    the rows in ranges (x read as `rows` rows). With rng, through a gather: the rows of x picked by
+    random indices (repeats, any order, some outside [0, rows of x): zero rows)."""
     b, xr, c = x.shape
+    g = None
+    if rng is not None:
+        g = rng.integers(-2, xr + 2, size=(b, xr)).astype(np.int32)
+        ok = (g >= 0) & (g < xr)
+        picked = x[np.arange(b)[:, None], np.clip(g, 0, xr - 1)]
+        x = np.where(ok[..., None], picked, 0).astype(np.float32)
+        g = torch.tensor(g, device="cuda")
     q_ref, s_ref = reference(x, xr, 1, 128, pow2, [(0, xr)] * b)
     qt_ref, st_ref = reference(x, rows, 128, 1, pow2, ranges)
     q = torch.full((b, xr, c), 0xAB, device="cuda", dtype=torch.uint8)
@@ -117,11 +125,13 @@ def check_both(lib, x, xt, rows, ranges, dt, pow2):
     sc = torch.full((s_ref.size,), float("nan"), device="cuda")
     sct = torch.full((st_ref.size,), float("nan"), device="cuda")
     vr = torch.tensor(ranges, device="cuda", dtype=torch.int32)
-    d = QuantDesc(ctypes.sizeof(QuantDesc), b, rows, c, xr, dt, 1, 128, pow2)
-    ptrs = (xt, vr, q, sc, qt, sct)
-    st = lib.sl_quantize_fp8_both_cuda(ctypes.byref(d), *(t.data_ptr() for t in ptrs), None)
+    d = QuantDesc(ctypes.sizeof(QuantDesc), b, rows, c, xr, dt, 1, 128, pow2, xr)
+    ptrs = (xt, vr, g, q, sc, qt, sct)
+    st = lib.sl_quantize_fp8_both_cuda(
+        ctypes.byref(d), *(None if t is None else t.data_ptr() for t in ptrs), None
+    )
     torch.cuda.synchronize()
-    name = f"both b{b} rows {xr}->{rows} cols {c} pow2 {pow2} dtype {dt}"
+    name = f"both b{b} rows {xr}->{rows} cols {c} pow2 {pow2} dtype {dt} gather {g is not None}"
     if st != 0:
         print(f"FAIL {name}: {lib.sl_last_error().decode()}")
         return False
@@ -140,7 +150,7 @@ def main(lib_path):
     lib.sl_quantize_fp8_cuda.restype = ctypes.c_int
     lib.sl_quantize_fp8_cuda.argtypes = [ctypes.POINTER(QuantDesc)] + [ctypes.c_void_p] * 6
     lib.sl_quantize_fp8_both_cuda.restype = ctypes.c_int
-    lib.sl_quantize_fp8_both_cuda.argtypes = [ctypes.POINTER(QuantDesc)] + [ctypes.c_void_p] * 7
+    lib.sl_quantize_fp8_both_cuda.argtypes = [ctypes.POINTER(QuantDesc)] + [ctypes.c_void_p] * 8
     lib.sl_last_error.restype = ctypes.c_char_p
     rng = np.random.default_rng(7)
     fails = runs = 0
@@ -173,7 +183,7 @@ def main(lib_path):
             q = torch.full((b, rows, c), 0xAB, device="cuda", dtype=torch.uint8)
             qt = torch.full((b, c, rows), 0xAB, device="cuda", dtype=torch.uint8)
             sc = torch.full((s_ref.size,), float("nan"), device="cuda")
-            d = QuantDesc(ctypes.sizeof(QuantDesc), b, rows, c, xr, dt, br, bc, pow2)
+            d = QuantDesc(ctypes.sizeof(QuantDesc), b, rows, c, xr, dt, br, bc, pow2, 0)
             st = lib.sl_quantize_fp8_cuda(
                 ctypes.byref(d),
                 xt.data_ptr(),
@@ -201,8 +211,9 @@ def main(lib_path):
             fails += not report(name, x, checks)
         # both layouts in one pass (sl_quantize_fp8_both_cuda) where x is an activation
         if (br, bc) != (128, 128):
-            runs += 1
-            fails += not check_both(lib, x, xt, rows, ranges, dt, pow2)
+            for gather_rng in (None, rng):
+                runs += 1
+                fails += not check_both(lib, x, xt, rows, ranges, dt, pow2, gather_rng)
     print(f"{runs - fails} passed, {fails} failed")
     return 1 if fails else 0
 

@@ -55,6 +55,12 @@ class ExpertMatmul:
     def of(cfg: MoEConfig) -> ExpertMatmul:
         return ExpertMatmul(sluice=cfg.impl == "sluice" and cfg.use_sluice_gmm, fp8=cfg.fp8)
 
+    @property
+    def fanned_fp8(self) -> bool:
+        """Whether the expert block reads fan_out's rows where they are (sluice.ep.fanned_gmm and
+        gmm_fan_in: sluice's FP8 gmm, the quantization fused into the row copies)."""
+        return self.sluice and self.fp8 is not None
+
     def __call__(self, lhs, rhs, group_sizes):
         if not self.sluice:
             return jax.lax.ragged_dot(lhs, rhs.astype(lhs.dtype), group_sizes)
@@ -90,11 +96,21 @@ def _weighted_swiglu(xs, wi, group_sizes, row_w, gmm, kernel, zero_unused_rows):
     sluice.swiglu (over the groups' rows only, the rest zeroed or left unwritten), else XLA's
     element-wise ops over all M rows."""
     h = gmm(xs, wi, group_sizes)
+    return _swiglu_of(h, xs.dtype, group_sizes, row_w, kernel, zero_unused_rows)
+
+
+def _swiglu_of(h, dtype, group_sizes, row_w, kernel, zero_unused_rows):
     if kernel:
         return sluice_swiglu(h, group_sizes, row_weights=row_w, zero_unused_rows=zero_unused_rows)
     gate, up = jnp.split(h, 2, axis=-1)
     act = jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32) * row_w[:, None]
-    return act.astype(xs.dtype)
+    return act.astype(dtype)
+
+
+def _swiglu_rows(h, dtype, fan, kernel):
+    """_weighted_swiglu's SwiGLU of the gate/up projection h [M, 2F] of fan's rows."""
+    row_w = _row_weights(fan, h.shape[0])
+    return _swiglu_of(h, dtype, fan.group_sizes, row_w, kernel, fan.zero_unused_rows)
 
 
 def _expert_block(xs, wi, wo, fan, gmm, out_dtype=None, kernel=False):
@@ -104,7 +120,15 @@ def _expert_block(xs, wi, wo, fan, gmm, out_dtype=None, kernel=False):
     nothing keeps the expert outputs [M, D] for the router weights' gradient: it is
     sum_j d act[r, j] * (silu(gate) * up)[r, j], which sluice.swiglu's backward (or XLA's fusion of
     it) sums from what it reads anyway. kernel: the SwiGLU by sluice.swiglu (its unused rows as
-    fan_out's: fan.zero_unused_rows)."""
+    fan_out's: fan.zero_unused_rows).
+    With gmm.fanned_fp8, xs is fan_out's input (the fan from fan_out(..., copy_rows=False)), and
+    the two ends run as sluice.ep.fanned_gmm and gmm_fan_in: the same values, without the copies
+    of the rows in bf16 (forward) and of d out (backward)."""
+    if gmm.fanned_fp8:
+        skip = not gmm.zero_unused_rows
+        h = ep.fanned_gmm(xs, fan, wi, fp8=gmm.fp8, skip_unused_rows=skip)
+        act = _swiglu_rows(h, xs.dtype, fan, kernel)
+        return ep.gmm_fan_in(act, wo, fan, fp8=gmm.fp8, out_dtype=out_dtype, skip_unused_rows=skip)
     row_w = _row_weights(fan, xs.shape[0])
     act = _weighted_swiglu(xs, wi, fan.group_sizes, row_w, gmm, kernel, fan.zero_unused_rows)
     return ep.fan_in(gmm(act, wo, fan.group_sizes), fan, out_dtype=out_dtype, weighted=False)
@@ -177,7 +201,11 @@ def dropless_local(cfg, x, idx, weights, wi, wo, gmm):
     t, d = x.shape
     if gmm.sluice:
         # sluice's counting-sort fan-out/fan-in (C/CUDA, no argsort, no scatter-add in the backward).
-        xs, counts, fan = ep.fan_out_tokens(x, idx, weights, num_experts=cfg.num_experts)
+        # (with FP8 the layout alone: the expert block reads x's rows where they are)
+        xs, counts, fan = ep.fan_out_tokens(
+            x, idx, weights, num_experts=cfg.num_experts, copy_rows=not gmm.fanned_fp8
+        )
+        xs = x if gmm.fanned_fp8 else xs
         # sluice.swiglu on a GPU, where its weighted backward (one pass, the weights' gradient
         # summed on the way) beats XLA's on a full block (0.74 vs 0.80 ms on one H100); XLA's
         # fusion on the CPU, where it is the faster
@@ -296,7 +324,10 @@ def dropless_sluice_ep(cfg, x, idx, weights, wi, wo, gmm, ep_axis):
         gmm = dataclasses.replace(gmm, zero_unused_rows=False)
 
     def experts(recv, params, max_rows):
-        xs, _, fan = ep.fan_out(recv, max_rows=max_rows, zero_unused_rows=zero_unused)
+        xs, _, fan = ep.fan_out(
+            recv, max_rows=max_rows, zero_unused_rows=zero_unused, copy_rows=not gmm.fanned_fp8
+        )
+        xs = recv.x if gmm.fanned_fp8 else xs
         return _expert_block(xs, *params, fan, gmm, None, kernel=not zero_unused)
 
     fp8 = cfg.fp8 if cfg.fp8_dispatch else None

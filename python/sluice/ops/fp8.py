@@ -231,23 +231,39 @@ def quantize_t(x, *, power_of_two=False, row_range=None, pad_rows_to=1):
     return jax.lax.platform_dependent(x, rr, cuda=kernel_path, default=jnp_path)
 
 
-def quantize_both(x, *, power_of_two=False, row_range=None, pad_rows_to=1):
+def quantize_both(x, *, power_of_two=False, row_range=None, pad_rows_to=1, gather=None):
     """An activation x [..., R, C] in both of the layouts an FP8 matmul and its weight gradient
     take: ((q, scale), (q_t, scale_t)) = (quantize(x, ACT), quantize_t(x, row_range=row_range,
     pad_rows_to=pad_rows_to)), bit for bit: q by 1x128 blocks from every row of x, q_t by 128x1
     blocks from the rows inside row_range, transposed and padded. On a GPU one kernel pass reads
-    x once for both (sl_quantize_fp8_both_cuda)."""
-    x = _check_x("quantize_both", x)
-    *lead, r, c = x.shape
-    rp = -(-r // pad_rows_to) * pad_rows_to
-    rr = _row_range(x, row_range, None)
+    x once for both (sl_quantize_fp8_both_cuda).
 
-    def jnp_path(x, rr):
+    gather: optional int32 [..., R'] (x's batch dims): the activation is then x's rows picked by
+    index, x[..., gather, :] with the rows whose index is outside [0, x.shape[-2]) zero (R = R',
+    row_range in its rows), the same bits as quantizing those rows taken first; on a GPU the
+    kernel reads them where they are, so the picked copies (fan-out's, of token rows) are never
+    written."""
+    x = _check_x("quantize_both", x)
+    if gather is not None:
+        gather = jnp.asarray(gather)
+        if gather.dtype != jnp.int32 or gather.shape[:-1] != x.shape[:-2] or gather.ndim < 1:
+            raise ShapeError(
+                f"sluice.fp8.quantize_both: gather must be int32 [..., rows] with x's batch dims "
+                f"{x.shape[:-2]}, got {gather.dtype} {gather.shape}"
+            )
+    *lead, r, c = x.shape if gather is None else (*gather.shape, x.shape[-1])
+    rp = -(-r // pad_rows_to) * pad_rows_to
+    rr = _row_range(jax.ShapeDtypeStruct((*lead, r, c), x.dtype), row_range, None)
+    g = jnp.zeros((0,), jnp.int32) if gather is None else gather
+
+    def jnp_path(x, rr, g):
+        if gather is not None:
+            x = _take_rows(x, g)
         act = quantize(x, ACT, power_of_two=power_of_two)
         return act, quantize_t(x, power_of_two=power_of_two, row_range=rr, pad_rows_to=pad_rows_to)
 
-    def kernel_path(x, rr):
-        kw = _vary_kw(x, rr)
+    def kernel_path(x, rr, g):
+        kw = _vary_kw(x, rr, g)
         call = jax.ffi.ffi_call(
             "sluice_quantize_fp8_both",
             (
@@ -261,12 +277,22 @@ def quantize_both(x, *, power_of_two=False, row_range=None, pad_rows_to=1):
         q, s, qt, st = call(
             x,
             jnp.broadcast_to(rr, (*lead, 2)),
+            g,
             rows=np.int64(rp),
             power_of_two=np.int64(bool(power_of_two)),
+            gathered=np.int64(gather is not None),
         )
         return (q, s), (qt, st)
 
-    return jax.lax.platform_dependent(x, rr, cuda=kernel_path, default=jnp_path)
+    return jax.lax.platform_dependent(x, rr, g, cuda=kernel_path, default=jnp_path)
+
+
+def _take_rows(x, idx):
+    """x [..., N, C] -> x[..., idx, :] ([..., R, C]), rows whose index is outside [0, N) zero."""
+    n = x.shape[-2]
+    ok = (idx >= 0) & (idx < n)
+    rows = jnp.take_along_axis(x, jnp.where(ok, idx, 0)[..., None], axis=-2)
+    return jnp.where(ok[..., None], rows, jnp.zeros((), x.dtype))
 
 
 def _quantize_kernel(x, rr, *, block, power_of_two, rows=None, outputs=("q",)):

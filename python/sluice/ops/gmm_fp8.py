@@ -295,10 +295,19 @@ def _fwd(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, re
     input gradient (a 128x128 block serves both contractions). Saves the transposed x (1 byte an
     element where x itself is 2 or 4), the input gradient's quantized weights and their scales,
     group_sizes and group_offset."""
-    p2 = recipe.power_of_two_scales
     rows = _local_range(group_sizes, group_offset, rhs.shape[-3])
-    (xq, xs), (x_t, xs_t) = quantize_both(lhs, power_of_two=p2, row_range=rows, pad_rows_to=16)
-    w, w_t = quantize_weight(rhs, power_of_two=p2, layout="both")
+    qx = quantize_both(lhs, power_of_two=recipe.power_of_two_scales, row_range=rows, pad_rows_to=16)
+    return forward_quantized(qx, lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype,
+                             skip, recipe)  # fmt: skip
+
+
+def forward_quantized(qx, lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip,
+                      recipe):  # fmt: skip
+    """`_fwd` from x's two layouts qx = fp8.quantize_both(x, row_range=the local groups' rows,
+    pad_rows_to=16) (x itself may be another array of x's dtype and sharding, e.g. the rows
+    qx was gathered from): (y, residuals for `backward_quantized`)."""
+    (xq, xs), (x_t, xs_t) = qx
+    w, w_t = quantize_weight(rhs, power_of_two=recipe.power_of_two_scales, layout="both")
     (w_nt, ws_nt), (w_kn, ws_kn) = (w, w_t) if transpose_rhs else (w_t, w)
     y = _product(xq, xs, w_nt, ws_nt, group_sizes, group_offset, out_dtype, skip)
     # lhs's and rhs's own dtypes (and lhs's sharding type) ride along as empty arrays
@@ -306,16 +315,31 @@ def _fwd(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtype, skip, re
     return y, (x_t, xs_t, w_kn, ws_kn, group_sizes, group_offset, lhs_like, rhs_dtype)
 
 
+def dy_range(res):
+    """The rows of dy that the weight gradient reads (the local groups'), for
+    fp8.quantize_both(dy, row_range=..., pad_rows_to=16) in `backward_quantized`."""
+    _, _, w_kn, _, group_sizes, group_offset, _, _ = res
+    return _local_range(group_sizes, group_offset, w_kn.shape[-3])
+
+
 def _bwd(transpose_rhs, out_dtype, skip, recipe, res, dy):
     """dx = gmm(dy by ACT, the saved quantized w, transpose_rhs flipped); dw = tgmm(x, dy), both by
     ACT_T (128-row blocks along the contraction), their rows outside the local groups zeroed
     first: x's from the forward, dy's from the same pass as its ACT blocks. The master weights are
     never re-quantized here."""
+    qdy = quantize_both(
+        dy, power_of_two=recipe.power_of_two_scales, row_range=dy_range(res), pad_rows_to=16
+    )
+    dx, dw = backward_quantized(qdy, res, transpose_rhs, skip)
+    return dx, dw, None, None
+
+
+def backward_quantized(qdy, res, transpose_rhs, skip):
+    """`_bwd` from dy's two layouts qdy = fp8.quantize_both(dy, row_range=dy_range(res),
+    pad_rows_to=16): (dx [M, K] in lhs's dtype and sharding type, dw in rhs's dtype)."""
     x_t, xs_t, w_kn, ws_kn, group_sizes, group_offset, lhs_like, rhs_dtype = res
-    p2 = recipe.power_of_two_scales
+    (dyq, dys), (dy_t, dys_t) = qdy
     g_local = w_kn.shape[-3]
-    rows = _local_range(group_sizes, group_offset, g_local)
-    (dyq, dys), (dy_t, dys_t) = quantize_both(dy, power_of_two=p2, row_range=rows, pad_rows_to=16)
     # dx contracts N: the C op reads the weights as [G, K, N], saved so by the forward
     lhs_dtype = lhs_like.dtype
     dx = _gmm_nt(dyq, dys, w_kn, ws_kn, group_sizes, group_offset, _kernel_dtype(lhs_dtype), skip)
@@ -327,7 +351,7 @@ def _bwd(transpose_rhs, out_dtype, skip, recipe, res, dy):
     dw = _tgmm_tn(a, a_s, b, b_s, group_sizes, group_offset, g_local, _kernel_dtype(rhs_dtype))
     # As in the bf16 gmm's backward: the weight gradient runs before dx is used (see gmm.py).
     dx, dw = jax.lax.optimization_barrier((dx.astype(lhs_dtype), dw.astype(rhs_dtype)))
-    return match_vma(dx, lhs_like), match_vma(dw, w_kn), None, None
+    return match_vma(dx, lhs_like), match_vma(dw, w_kn)
 
 
 gmm_with_recipe.defvjp(_fwd, _bwd)

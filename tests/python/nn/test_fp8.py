@@ -85,6 +85,8 @@ def reference(monkeypatch):
     def use():
         monkeypatch.setattr(experts, "sluice_gmm", _reference_sluice_gmm)
         monkeypatch.setattr(linear, "sluice_gmm", _reference_sluice_gmm)
+        # the expert block's FP8 ends through sluice.gmm too (not sluice.ep.fanned_gmm/gmm_fan_in)
+        monkeypatch.setattr(experts.ExpertMatmul, "fanned_fp8", False)
 
     return use
 
@@ -128,7 +130,9 @@ def test_fp8_layer_is_the_reference_of_its_quantized_math(path, reference):
     """The FP8 kernels against the float32 reference of the same quantization, on every dropless
     exchange (2 CPU devices under EP): equal to float32 rounding (and, where that flips an
     element's e4m3 rounding, that element's 2^-4). On one device with power-of-two scales, and
-    there the reference is within e4m3's error of the unquantized layer."""
+    there the reference is within e4m3's error of the unquantized layer. On a GPU the tensor
+    cores' FP8 accumulator keeps fewer bits inside each 128-long piece (why DeepSeek-V3 promotes
+    at that interval), which flips more roundings downstream: 1% there."""
     local = path == "local"
     cfg = dataclasses.replace(CFG, **PATHS[path])
     if local:
@@ -138,7 +142,7 @@ def test_fp8_layer_is_the_reference_of_its_quantized_math(path, reference):
     plain = _run(dataclasses.replace(cfg, fp8=None), mesh) if local else None
     reference()
     want = _run(cfg, mesh)
-    _assert_rel(got, want, 2e-3)
+    _assert_rel(got, want, 2e-3 if jax.default_backend() == "cpu" else 1e-2)
     if local:
         _assert_rel(want, plain, 0.1)
         assert rel_err(got[0], plain[0]) > 1e-3  # FP8 is in effect
@@ -190,6 +194,21 @@ def test_fp8_dispatch_is_the_bf16_dispatch_of_the_quantized_rows(monkeypatch):
             assert 0 < rel_err(a, d) < 0.1
         else:
             np.testing.assert_array_equal(a, d)
+
+
+@pytest.mark.parametrize("path", ["local", "sluice.ep-rounds", "sluice.ep-worst-case"])
+def test_fp8_layer_reads_the_fanned_rows_in_place(path, monkeypatch):
+    """The sluice path's expert block in FP8 (sluice.ep.fanned_gmm and gmm_fan_in: the quantization
+    picks fan_out's rows and d out's) equals the same block on fan_out's copies and fan_in's
+    gradient (sluice.gmm(fp8=) between them): values and every gradient bit for bit, bf16, on one
+    device and over 2 CPU devices (rounds and worst-case buffers)."""
+    cfg = dataclasses.replace(CFG, dtype=jnp.bfloat16, **PATHS[path])
+    mesh = None if path == "local" else _mesh(1, 2)
+    got = _run(cfg, mesh)
+    monkeypatch.setattr(experts.ExpertMatmul, "fanned_fp8", False)
+    want = _run(cfg, mesh)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
 def test_fp8_bf16_layer_stays_close_to_bf16():

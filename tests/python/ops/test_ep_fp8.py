@@ -67,3 +67,44 @@ def test_fp8_dispatch_rejects_a_bad_recipe():
     idx, w = routing(2, 16, 2, 4)
     with pytest.raises(TypeError, match="sluice.ep.dispatch: fp8 must be"):
         _run(mesh, x, idx, w, 4, "e4m3")
+
+
+@pytest.mark.parametrize("dtype,p2", [(jnp.bfloat16, False), (jnp.float32, True)])
+def test_fp8_expert_ends_are_the_compositions(dtype, p2):
+    """sluice.ep.fanned_gmm and gmm_fan_in (the FP8 quantization picks the rows where they are)
+    give fan_out -> sluice.gmm(fp8=) and sluice.gmm(fp8=) -> fan_in(weighted=False) bit for bit:
+    values and the gradients in x, lhs and both weights. Masked slots (-1), an expert no token
+    takes, K and N not multiples of 128."""
+    t, k, e, h, f = 40, 3, 6, 200, 136
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.standard_normal((t, h)), dtype)
+    idx, w = routing(1, t, k, e)
+    idx = jnp.where(idx == 5, -1, idx)  # expert 5 gets nothing
+    wi = jnp.asarray(rng.standard_normal((e, h, f)) * 0.1, dtype)
+    wo = jnp.asarray(rng.standard_normal((e, f, h)) * 0.1, dtype)
+    probe = jnp.asarray(rng.standard_normal((t, h)), jnp.float32)
+    recipe = sluice.fp8.Recipe(power_of_two_scales=p2)
+
+    def composed(x, wi, wo):
+        xs, gs, fan = ep.fan_out_tokens(x, idx, w, num_experts=e)
+        a = jnp.tanh(sluice.gmm(xs, wi, gs, fp8=recipe))
+        ys = sluice.gmm(a, wo, gs, fp8=recipe)
+        return ep.fan_in(ys, fan, out_dtype=jnp.float32, weighted=False)
+
+    def fused(x, wi, wo):
+        xs, _, fan = ep.fan_out_tokens(x, idx, w, num_experts=e, copy_rows=False)
+        assert xs is None
+        a = jnp.tanh(ep.fanned_gmm(x, fan, wi, fp8=recipe))
+        return ep.gmm_fan_in(a, wo, fan, fp8=recipe, out_dtype=jnp.float32)
+
+    def run(f):
+        loss = lambda *a: jnp.sum(f(*a) * probe)
+        return [f(x, wi, wo), *jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(x, wi, wo)]
+
+    for got, want in zip(run(jax.jit(fused)), run(jax.jit(composed)), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    _, _, fan = ep.fan_out_tokens(x, idx, w, num_experts=e, copy_rows=False)
+    with pytest.raises(ValueError, match=r"fanned_gmm: rhs must be \[L, K, N\]"):
+        ep.fanned_gmm(x, fan, wi[1:], fp8=recipe)
+    with pytest.raises(ValueError, match="gmm_fan_in: fp8 must be True or a sluice.fp8.Recipe"):
+        ep.gmm_fan_in(x, wo, fan, fp8=None)

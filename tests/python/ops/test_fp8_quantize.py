@@ -249,6 +249,37 @@ def test_quantize_both_is_the_two_layouts(shape, dtype, power_of_two):
     assert np.isnan(np.asarray(s)).any() and not np.isnan(np.asarray(st)).any()
 
 
+@pytest.mark.parametrize("shape", [(300, 256), (2, 70, 200)])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_quantize_both_gathers_rows(shape, dtype):
+    """quantize_both(x, gather=idx) = quantize_both of the rows picked first, bit for bit (on the
+    GPU the kernel reads them in place): rows repeat, come in any order, and an index outside
+    [0, N) (-1, N, a huge one) gives a zero row; row_range and padding apply to the picked rows."""
+    x = np.array(scaled_normal(shape, jnp.float32))
+    *lead, n, _ = shape
+    m = 2 * n + 5
+    idx = RNG.integers(0, n, size=(*lead, m)).astype(np.int32)
+    idx[..., :3] = [-1, n, 2**30]
+    idx[..., 10:14] = idx[..., 9:10]  # one row copied five times in a row
+    x = jnp.asarray(x, dtype)
+    idx = jnp.asarray(idx)
+    rows = (jnp.int32(4), jnp.int32(m - 9))
+
+    @jax.jit
+    def both(a, g, lo, hi):
+        return fp8.quantize_both(a, row_range=(lo, hi), pad_rows_to=16, gather=g)
+
+    got = jax.tree.leaves(both(x, idx, *rows))
+    picked = jnp.take_along_axis(x, jnp.clip(idx, 0, n - 1)[..., None], axis=-2)
+    picked = jnp.where(((idx >= 0) & (idx < n))[..., None], picked, 0)
+    want = jax.tree.leaves(fp8.quantize_both(picked, row_range=rows, pad_rows_to=16))
+    assert got[0].shape == (*lead, m, shape[-1])
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(bits(g), bits(w))
+    with pytest.raises(sluice.ShapeError, match="gather must be int32"):
+        fp8.quantize_both(x, gather=idx.astype(jnp.float32))
+
+
 def test_weight_blocks_serve_both_orientations():
     w = scaled_normal((3, 200, 300))
     q, scale = fp8.quantize_weight(w)

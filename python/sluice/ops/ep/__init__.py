@@ -93,6 +93,16 @@ API
   fan_out_tokens(x, topk_idx, topk_weights, *, num_experts) -> (xs, group_sizes, fan)
       fan_out for tokens that stay on their device (all E experts local, no dispatch): the one-device
       MoE path.
+  fan_out(..., copy_rows=False), fan_out_tokens(..., copy_rows=False) -> (None, group_sizes, fan)
+      The layout alone, for the FP8 ends below, which read the rows where they are.
+  fanned_gmm(x, fan, rhs, *, fp8=True, out_dtype=None, skip_unused_rows=False) -> [M, N']
+      sluice.gmm(fan_out's xs, rhs, group_sizes, fp8=...) from x [N, K] itself: the FP8 quantization
+      picks the rows (xs is never written). Differentiable in x and rhs (the gradient in x sums the
+      copies, as fan_out's does).
+  gmm_fan_in(lhs, rhs, fan, *, fp8=True, out_dtype=None, skip_unused_rows=False) -> [N, N']
+      fan_in(sluice.gmm(lhs, rhs, group_sizes, fp8=...), fan, weighted=False): the backward's FP8
+      quantization picks d out's rows for the expert rows (d ys is never written). Both give the
+      compositions' values and gradients bit for bit (fan_fp8.py).
   fan_in(ys, fan, *, out_dtype=None, weighted=True) -> [N, H']
       Local: out[i] = sum over slots j (in slot order, float32) of weight[i, j] * ys[row of (i, j)];
       rows with no local slot are zero. Differentiable in ys and in the weights (recv.topk_weights,
@@ -115,6 +125,7 @@ from .bounded import bounded_moe, bounded_rows
 from .comm import Communicator, communicator, setup, teardown
 from .exchange import Dispatched, Handle, combine, dispatch
 from .fan import Fan, fan_in, fan_out, fan_out_tokens
+from .fan_fp8 import fanned_gmm, gmm_fan_in
 from .reference import (
     combine_reference,
     dispatch_reference,
@@ -140,6 +151,8 @@ __all__ = [
     "fan_out",
     "fan_out_reference",
     "fan_out_tokens",
+    "fanned_gmm",
+    "gmm_fan_in",
     "moe_reference",
     "setup",
     "teardown",

@@ -140,7 +140,26 @@ def _fan_out_bwd(l, max_rows, zero_unused_rows, res, cts):
 _fan_out.defvjp(_fan_out_fwd, _fan_out_bwd)
 
 
-def _fan_out_checked(op, x, idx, weights, l, max_rows, zero_unused_rows=True):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _fan_layout(x0, idx, l, max_rows, zero_unused_rows):
+    """fan_out's layout alone, (group_sizes, pos): the kernel on x's rows cut to width 0, x0. Its
+    outputs are integers, so its gradient in x0 is empty (the rule exists for transformations that
+    ask: the kernel call itself has none)."""
+    return tuple(_fan_out_call(x0, idx, l, max_rows, zero_unused_rows)[1:])
+
+
+def _fan_layout_fwd(x0, idx, l, max_rows, zero_unused_rows):
+    return _fan_layout(x0, idx, l, max_rows, zero_unused_rows), x0
+
+
+def _fan_layout_bwd(l, max_rows, zero_unused_rows, x0, cts):
+    return jnp.zeros_like(x0), None
+
+
+_fan_layout.defvjp(_fan_layout_fwd, _fan_layout_bwd)
+
+
+def _fan_out_checked(op, x, idx, weights, l, max_rows, zero_unused_rows=True, copy_rows=True):
     if not isinstance(zero_unused_rows, (bool, np.bool_)):
         raise TypeError(
             f"sluice.ep.{op}: zero_unused_rows must be a bool, got "
@@ -165,11 +184,23 @@ def _fan_out_checked(op, x, idx, weights, l, max_rows, zero_unused_rows=True):
             f"sluice.ep.{op}: topk_weights must have topk_idx's shape {idx.shape}, got "
             f"{jnp.shape(weights)}"
         )
-    xs, gs, pos = _fan_out(x, idx, l, max_rows, zero_unused_rows)
+    if not isinstance(copy_rows, (bool, np.bool_)):
+        raise TypeError(f"sluice.ep.{op}: copy_rows must be a bool, got {type(copy_rows).__name__}")
+    if copy_rows:
+        xs, gs, pos = _fan_out(x, idx, l, max_rows, zero_unused_rows)
+    else:
+        xs = None
+        gs, pos = _fan_layout(x[:, :0], idx, l, max_rows, zero_unused_rows)
     return xs, gs, Fan(pos, jnp.asarray(weights, jnp.float32), gs, l, max_rows, zero_unused_rows)
 
 
-def fan_out(recv: Dispatched, *, max_rows: int | None = None, zero_unused_rows: bool = True):
+def fan_out(
+    recv: Dispatched,
+    *,
+    max_rows: int | None = None,
+    zero_unused_rows: bool = True,
+    copy_rows: bool = True,
+):
     """Expert-sorted rows for gmm: (xs [M, H], group_sizes int32 [L], fan); see sluice.ep's
     docstring.
     max_rows bounds M (default: the worst case N*min(k, L)); the (row, slot) pairs past it are left
@@ -177,7 +208,9 @@ def fan_out(recv: Dispatched, *, max_rows: int | None = None, zero_unused_rows: 
     zero_unused_rows=False leaves xs's rows past sum(group_sizes), and those of fan_in's gradient
     with respect to ys, unwritten on CUDA (whatever the buffer held; the CPU zeroes them anyway):
     for callers that read only the groups' rows (gmm, tgmm, row-wise ops), where zeroing them is a
-    write of up to M rows for nothing."""
+    write of up to M rows for nothing.
+    copy_rows=False makes the layout alone (xs is None): for `fanned_gmm`, which reads the rows
+    where they are."""
     return _fan_out_checked(
         "fan_out",
         recv.x,
@@ -186,10 +219,11 @@ def fan_out(recv: Dispatched, *, max_rows: int | None = None, zero_unused_rows: 
         int(recv.counts.shape[0]),
         max_rows,
         zero_unused_rows,
+        copy_rows,
     )
 
 
-def fan_out_tokens(x, topk_idx, topk_weights, *, num_experts: int):
+def fan_out_tokens(x, topk_idx, topk_weights, *, num_experts: int, copy_rows: bool = True):
     """fan_out for tokens that stay on their device (all experts local, no dispatch): the token copies
     of x [T, H] in expert order, (xs [T*min(k, E), H], group_sizes int32 [E], fan), by a counting sort
     (no argsort; the backward is a gather-sum, no scatter-add). ``fan_in(ys, fan)`` sums them back
@@ -198,7 +232,9 @@ def fan_out_tokens(x, topk_idx, topk_weights, *, num_experts: int):
         raise ValueError(
             f"sluice.ep.fan_out_tokens: num_experts must be an int >= 1, got {num_experts!r}"
         )
-    return _fan_out_checked("fan_out_tokens", x, topk_idx, topk_weights, num_experts, None)
+    return _fan_out_checked(
+        "fan_out_tokens", x, topk_idx, topk_weights, num_experts, None, copy_rows=copy_rows
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))

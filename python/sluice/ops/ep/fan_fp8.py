@@ -1,0 +1,159 @@
+"""The expert block's two ends in FP8 with the activations quantized as their rows are picked,
+never written out in bf16 first (sluice.ep's docstring lists them):
+
+- ``fanned_gmm(x, fan, rhs, fp8=...)`` = ``sluice.gmm(fan_out(x rows), rhs, group_sizes, fp8=...)``:
+  the forward quantizes fan_out's copies of x's rows straight from x (fp8.quantize_both's gather),
+  so xs [M, H] is neither written nor read; the backward sums the input gradient's copies per row,
+  as fan_out's transpose does.
+- ``gmm_fan_in(lhs, rhs, fan, fp8=...)`` = ``fan_in(sluice.gmm(lhs, rhs, group_sizes, fp8=...),
+  fan, weighted=False)``: the backward quantizes d out's rows for the expert rows straight from
+  d out, where fan_in's backward would write them as d ys [M, H'] for the quantization to read.
+
+Both give the compositions' values and gradients bit for bit (the gathered rows are the same
+values; d out is rounded to ys's dtype first, as fan_in's backward rounds it), and take
+fan_out(..., copy_rows=False)'s layout. A row of x (of d out) is read once per copy; the copies
+of DeepSeek-V3's top-8 were 2 bytes written and 2 read per element on top of the quantization's
+2 read and 2 written.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from ..fp8 import quantize_both
+from ..gmm_fp8 import as_recipe, backward_quantized, dy_range, forward_quantized
+from ..vma import match_vma
+from .fan import Fan, _fan_in_call, _fan_rows, _ones
+
+
+def sources(fan: Fan):
+    """int32 [M]: the row of x (fan_out's input) that each row of fan_out's xs copies, -1 for rows
+    past the pairs."""
+    n, k = fan.pos.shape
+    m = _fan_rows(n, k, fan.num_local_experts, fan.max_rows)
+    pos = fan.pos.reshape(-1)
+    rows = jnp.repeat(jnp.arange(n, dtype=jnp.int32), k)
+    # pairs left out (pos -1) go to a row past M, dropped (a negative index would wrap)
+    dst = jnp.where(pos >= 0, pos, m)
+    return jnp.full((m,), -1, jnp.int32).at[dst].set(rows, mode="drop", unique_indices=True)
+
+
+def _zero_offset():
+    return jnp.zeros((1,), jnp.int32)
+
+
+def _rows(group_sizes):
+    return jnp.int32(0), jnp.sum(group_sizes).astype(jnp.int32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _fanned_gmm(x, src, pos, rhs, group_sizes, l, out_dtype, skip, recipe):
+    return _fanned_fwd(x, src, pos, rhs, group_sizes, l, out_dtype, skip, recipe)[0]
+
+
+def _fanned_fwd(x, src, pos, rhs, group_sizes, l, out_dtype, skip, recipe):
+    p2 = recipe.power_of_two_scales
+    qx = quantize_both(x, power_of_two=p2, row_range=_rows(group_sizes), pad_rows_to=16, gather=src)
+    y, res = forward_quantized(
+        qx, x, rhs, group_sizes, _zero_offset(), False, out_dtype, skip, recipe
+    )
+    return y.astype(out_dtype), (res, pos, x[:0])
+
+
+def _fanned_bwd(l, out_dtype, skip, recipe, r, dy):
+    res, pos, x_like = r
+    p2 = recipe.power_of_two_scales
+    qdy = quantize_both(dy, power_of_two=p2, row_range=dy_range(res), pad_rows_to=16)
+    dxs, dw = backward_quantized(qdy, res, False, skip)
+    # fan_out's transpose: each row of x gets the sum of its copies' gradients
+    dx = _fan_in_call(dxs, _ones(pos), pos, l, x_like.dtype)
+    return match_vma(dx, x_like), None, None, dw, None
+
+
+_fanned_gmm.defvjp(_fanned_fwd, _fanned_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _gmm_fan_sum(lhs, rhs, src, pos, group_sizes, l, out_dtype, skip, recipe):
+    return _gmm_fan_sum_fwd(lhs, rhs, src, pos, group_sizes, l, out_dtype, skip, recipe)[0]
+
+
+def _gmm_fan_sum_fwd(lhs, rhs, src, pos, group_sizes, l, out_dtype, skip, recipe):
+    p2 = recipe.power_of_two_scales
+    qx = quantize_both(lhs, power_of_two=p2, row_range=_rows(group_sizes), pad_rows_to=16)
+    ys, res = forward_quantized(
+        qx, lhs, rhs, group_sizes, _zero_offset(), False, lhs.dtype, skip, recipe
+    )
+    out = _fan_in_call(ys.astype(lhs.dtype), _ones(pos), pos, l, out_dtype)
+    return out, (res, src)
+
+
+def _gmm_fan_sum_bwd(l, out_dtype, skip, recipe, r, dout):
+    res, src = r
+    lhs_dtype = res[6].dtype  # ys has lhs's dtype; fan_in's backward rounds d out to it
+    p2 = recipe.power_of_two_scales
+    qdy = quantize_both(
+        dout.astype(lhs_dtype), power_of_two=p2, row_range=dy_range(res), pad_rows_to=16, gather=src
+    )
+    dlhs, dw = backward_quantized(qdy, res, False, skip)
+    return dlhs, dw, None, None, None
+
+
+_gmm_fan_sum.defvjp(_gmm_fan_sum_fwd, _gmm_fan_sum_bwd)
+
+
+def _checked(op, fan, rhs, fp8, skip_unused_rows):
+    if not isinstance(fan, Fan):
+        raise TypeError(f"sluice.ep.{op}: fan must come from fan_out, got {type(fan)}")
+    recipe = as_recipe(fp8, f"sluice.ep.{op}")
+    if recipe is None:
+        raise ValueError(f"sluice.ep.{op}: fp8 must be True or a sluice.fp8.Recipe (the FP8 path)")
+    rhs = jnp.asarray(rhs)
+    if rhs.ndim != 3 or rhs.shape[0] != fan.num_local_experts:
+        raise ValueError(
+            f"sluice.ep.{op}: rhs must be [L, K, N] with L = {fan.num_local_experts} (the fan's "
+            f"local experts), got shape {rhs.shape}"
+        )
+    return recipe, rhs, bool(skip_unused_rows)
+
+
+def fanned_gmm(x, fan: Fan, rhs, *, fp8=True, out_dtype=None, skip_unused_rows=False):
+    """sluice.gmm(xs, rhs, fan.group_sizes, fp8=fp8) for fan_out's rows xs of x [N, K], computed
+    from x itself: [M, N'] (rows past the pairs zero, or unwritten on a GPU with
+    skip_unused_rows=True). rhs [L, K, N'] float; out_dtype defaults to x's. Differentiable in x
+    and rhs."""
+    recipe, rhs, skip = _checked("fanned_gmm", fan, rhs, fp8, skip_unused_rows)
+    x = jnp.asarray(x)
+    if x.ndim != 2 or x.shape[0] != fan.pos.shape[0] or x.shape[1] != rhs.shape[1]:
+        raise ValueError(
+            f"sluice.ep.fanned_gmm: x must be [N, K] with N = {fan.pos.shape[0]} (the fan's rows) "
+            f"and K = {rhs.shape[1]} (rhs's), got shape {x.shape}"
+        )
+    out_dtype = jnp.dtype(out_dtype or x.dtype)
+    l = fan.num_local_experts
+    return _fanned_gmm(x, sources(fan), fan.pos, rhs, fan.group_sizes, l, out_dtype, skip, recipe)
+
+
+def gmm_fan_in(lhs, rhs, fan: Fan, *, fp8=True, out_dtype=None, skip_unused_rows=False):
+    """fan_in(sluice.gmm(lhs, rhs, fan.group_sizes, fp8=fp8), fan, weighted=False, out_dtype=...)
+    with the backward's quantization of d out's rows fused into their copy: [N, N'] (out_dtype,
+    default lhs's). lhs [M, K] float (fan_out's rows), rhs [L, K, N']. skip_unused_rows as
+    sluice.gmm's zero_unused_rows=False, for the gradient's rows of lhs past the pairs.
+    Differentiable in lhs and rhs."""
+    recipe, rhs, skip = _checked("gmm_fan_in", fan, rhs, fp8, skip_unused_rows)
+    lhs = jnp.asarray(lhs)
+    n, k = fan.pos.shape
+    m = _fan_rows(n, k, fan.num_local_experts, fan.max_rows)
+    if lhs.ndim != 2 or lhs.shape[0] != m or lhs.shape[1] != rhs.shape[1]:
+        raise ValueError(
+            f"sluice.ep.gmm_fan_in: lhs must be [M, K] with M = {m} (fan_out's rows) and "
+            f"K = {rhs.shape[1]} (rhs's), got shape {lhs.shape}"
+        )
+    out_dtype = jnp.dtype(out_dtype or lhs.dtype)
+    l = fan.num_local_experts
+    return _gmm_fan_sum(
+        lhs, rhs, sources(fan), fan.pos, fan.group_sizes, l, out_dtype, skip, recipe
+    )
