@@ -353,7 +353,8 @@ enum TileMode { kPerCol, kWhole, kBoth };
  * columns [4 l, 4 l + 4) in registers: the block maxima (per column over the 8 warps, or the whole
  * tile; kBoth also per row, from a second read of the tile: a thread per half row, its 16-byte
  * chunks rotated by lane so that 8 lanes hit 8 bank groups), then q (4 bytes of a row a store, a
- * warp's 128 bytes contiguous) and q_t (16 rows of a column a 16-byte store). */
+ * warp's 128 bytes contiguous) and q_t (transposed through shared memory into 128-byte lines; at
+ * the edges of q_t, 16 rows of a column a 16-byte store). */
 template <sl_dtype T, TileMode MODE>
 __global__ void __launch_bounds__(kThreads, MODE == kBoth ? 3 : 4) quantize_tile16_kernel(QArgs a) {
   __shared__ __align__(16) uint16_t tile[kT * kT];
@@ -459,7 +460,39 @@ __global__ void __launch_bounds__(kThreads, MODE == kBoth ? 3 : 4) quantize_tile
     for (int i = 0; i < 16; ++i)
       if (rw + i < R) *reinterpret_cast<uint32_t *>(qb + (rw + i) * C + c) = q[i];
   }
-  if (a.qt) { /* column c + j: byte j of q[0..15] */
+  /* a tile inside q_t's bounds (whose rows are 16-byte aligned) */
+  const bool inside = r0 + kT <= R && c0 + kT <= C && R % 16 == 0;
+  if (a.qt && inside) {
+    /* q_t through shared memory, so that 8 lanes store a 128-byte line (16 bytes a lane to 32
+     * columns, as below, left half-filled 32-byte sectors and 60% of HBM where this is 84%):
+     * thread (w, l) puts columns 4 l .. 4 l + 3, rows 16 w .. 16 w + 15 as 16-byte chunks of a
+     * [128][128] byte tile (column-major: q_t's rows), chunk w of column col at position
+     * w ^ (col / 4 % 8) (a warp's 32 chunks in 8 positions: 4 wavefronts a store); then thread t
+     * stores chunk t % 8 of columns t / 8 + 32 p. The tile's 16-bit values are all in
+     * registers by now. */
+    uint8_t *qs = reinterpret_cast<uint8_t *>(tile);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t o[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) { /* rows 4k .. 4k + 3: byte j of each */
+        const uint32_t lo = __byte_perm(q[4 * k], q[4 * k + 1], j | (j + 4) << 4);
+        const uint32_t hi = __byte_perm(q[4 * k + 2], q[4 * k + 3], j | (j + 4) << 4);
+        o[k] = __byte_perm(lo, hi, 0x5410);
+      }
+      *reinterpret_cast<uint4 *>(qs + (lane * 4 + j) * kT + (warp ^ (lane & 7)) * 16) =
+          make_uint4(o[0], o[1], o[2], o[3]);
+    }
+    __syncthreads();
+    const int chunk = tid & 7;
+    uint8_t *qt = a.qt + ((size_t)b * C + c0) * R + r0 + chunk * 16;
+#pragma unroll
+    for (int p = 0; p < kT * kT / 16 / kThreads; ++p) {
+      const int col = (tid >> 3) + p * (kThreads / 8);
+      *reinterpret_cast<uint4 *>(qt + (size_t)col * R) =
+          *reinterpret_cast<const uint4 *>(qs + col * kT + (chunk ^ ((col >> 2) & 7)) * 16);
+    }
+  } else if (a.qt) { /* column c + j: byte j of q[0..15] */
     uint8_t *qb = a.qt + (size_t)b * R * C;
     if (R % 16 == 0) {
 #pragma unroll
