@@ -354,27 +354,35 @@ enum TileMode { kPerCol, kWhole, kBoth };
  * tile; kBoth also per row, from a second read of the tile: a thread per half row, its 16-byte
  * chunks rotated by lane so that 8 lanes hit 8 bank groups), then q (4 bytes of a row a store, a
  * warp's 128 bytes contiguous) and q_t (transposed through shared memory into 128-byte lines; at
- * the edges of q_t, 16 rows of a column a 16-byte store). */
-template <sl_dtype T, TileMode MODE>
-__global__ void __launch_bounds__(kThreads, MODE == kBoth ? 3 : 4) quantize_tile16_kernel(QArgs a) {
-  __shared__ __align__(16) uint16_t tile[kT * kT];
-  __shared__ uint2 red[kThreads / 32][32];
-  __shared__ BlockScale sc[kT], sc_row[MODE == kBoth ? kT : 1];
+ * the edges of q_t, 16 rows of a column a 16-byte store).
+ * FULL: an interior tile (every row read from x and inside row_range, every column present, rows
+ * a multiple of 16), which checks nothing per row: the per-row bounds and 64-bit row arithmetic
+ * are about a third of the instructions of an edge tile. */
+template <sl_dtype T, TileMode MODE, bool FULL>
+__device__ __forceinline__ void quantize_tile16(const QArgs &a, uint16_t *tile, uint2 (*red)[32],
+                                                BlockScale *sc, BlockScale *sc_row, Live range,
+                                                Live live) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const long long b = blockIdx.z, r0 = (long long)blockIdx.x * kT, c0 = (long long)blockIdx.y * kT;
   const long long R = a.rows, C = a.cols;
-  /* the rows loaded, and (kBoth) the rows q_t reads: row_range's */
-  const Live range = live_rows(a, b), live = MODE == kBoth ? Live{0, a.x_rows} : range;
   const uint16_t *xb = (const uint16_t *)a.x + (size_t)b * x_rows_per_problem(a) * C;
+  {
+    const int cc = (tid & 15) * 8;
+    const uint32_t dst = (uint32_t)__cvta_generic_to_shared(tile + (tid >> 4) * kT + cc);
 #pragma unroll
-  for (int j = 0; j < kT * kT / 8 / kThreads; ++j) {
-    const int i = tid + j * kThreads, rr = i >> 4, cc = (i & 15) * 8;
-    const long long c = c0 + cc, r = live.has(r0 + rr) ? x_row(a, b, r0 + rr) : -1;
-    const bool in = r >= 0 && c < C;
-    const uint16_t *src = in ? xb + r * C + c : xb;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                     (uint32_t)__cvta_generic_to_shared(tile + rr * kT + cc)),
-                 "l"(src), "r"(in ? 16 : 0));
+    for (int j = 0; j < kT * kT / 8 / kThreads; ++j) {
+      const long long rr = r0 + (tid >> 4) + 16 * j, c = c0 + cc;
+      long long r;
+      bool in;
+      if (FULL) {
+        r = x_row(a, b, rr), in = r >= 0;
+      } else {
+        r = live.has(rr) ? x_row(a, b, rr) : -1, in = r >= 0 && c < C;
+      }
+      const uint16_t *src = in ? xb + r * C + c : xb;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + j * 16 * kT * 2),
+                   "l"(src), "r"(in ? 16 : 0));
+    }
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   __syncthreads();
@@ -384,7 +392,7 @@ __global__ void __launch_bounds__(kThreads, MODE == kBoth ? 3 : 4) quantize_tile
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     v[i] = *reinterpret_cast<const uint2 *>(tile + (warp * 16 + i) * kT + lane * 4);
-    if (MODE != kBoth || range.has(rw + i))
+    if (FULL || MODE != kBoth || range.has(rw + i))
       m0 = __vmaxu2(m0, v[i].x & kMag2), m1 = __vmaxu2(m1, v[i].y & kMag2);
   }
   if (MODE == kBoth) { /* row tid / 2's 1 x 128 block, half tid % 2 of it here */
@@ -400,7 +408,7 @@ __global__ void __launch_bounds__(kThreads, MODE == kBoth ? 3 : 4) quantize_tile
     m = __vmaxu2(m, __shfl_xor_sync(0xffffffffu, m, 1));
     if (half == 0) {
       sc_row[row] = make_scale(amax_of<T>(max_halves(m)), a.pow2);
-      if (r0 + row < a.x_rows && c0 < C)
+      if (FULL || (r0 + row < a.x_rows && c0 < C))
         a.scale[((size_t)b * a.x_rows + r0 + row) * ((C + 127) / 128) + blockIdx.y] = sc_row[row].s;
     }
   }
@@ -416,7 +424,7 @@ __global__ void __launch_bounds__(kThreads, MODE == kBoth ? 3 : 4) quantize_tile
       }
       sc[tid] = make_scale(amax_of<T>(m), a.pow2);
       float *st = MODE == kBoth ? a.scale_t : a.scale;
-      if (c0 + tid < C) st[((size_t)b * ((R + 127) / 128) + blockIdx.x) * C + c0 + tid] = sc[tid].s;
+      if (FULL || c0 + tid < C) st[((size_t)b * ((R + 127) / 128) + blockIdx.x) * C + c0 + tid] = sc[tid].s;
     }
   } else {
     uint32_t m = max_halves(__vmaxu2(m0, m1));
@@ -434,18 +442,18 @@ __global__ void __launch_bounds__(kThreads, MODE == kBoth ? 3 : 4) quantize_tile
   }
   __syncthreads();
   const long long c = c0 + lane * 4;
-  if (c >= C || rw >= R) return;
+  if (!FULL && (c >= C || rw >= R)) return;
   uint32_t q[16]; /* row rw + i, columns c .. c + 3 */
   if (MODE == kBoth && a.q) { /* q by each row's 1 x 128 scale, rows of x only */
-    uint8_t *qb = a.q + (size_t)b * a.x_rows * C;
+    uint8_t *qr = a.q + ((size_t)b * a.x_rows + rw) * C + c;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < 16; ++i, qr += C) {
       const BlockScale s = sc_row[warp * 16 + i]; /* (the same for the warp) */
       const uint32_t w = q4<T>(v[i].x, v[i].y, s, s, s, s);
-      if (rw + i < a.x_rows) *reinterpret_cast<uint32_t *>(qb + (rw + i) * C + c) = w;
+      if (FULL || rw + i < a.x_rows) *reinterpret_cast<uint32_t *>(qr) = w;
     }
   }
-  if (MODE == kBoth) { /* q_t reads the rows of row_range only */
+  if (MODE == kBoth && !FULL) { /* q_t reads the rows of row_range only */
 #pragma unroll
     for (int i = 0; i < 16; ++i)
       if (!range.has(rw + i)) v[i] = make_uint2(0u, 0u);
@@ -455,13 +463,13 @@ __global__ void __launch_bounds__(kThreads, MODE == kBoth ? 3 : 4) quantize_tile
 #pragma unroll
   for (int i = 0; i < 16; ++i) q[i] = q4<T>(v[i].x, v[i].y, s0, s1, s2, s3);
   if (MODE != kBoth && a.q) {
-    uint8_t *qb = a.q + (size_t)b * R * C;
+    uint8_t *qr = a.q + ((size_t)b * R + rw) * C + c;
 #pragma unroll
-    for (int i = 0; i < 16; ++i)
-      if (rw + i < R) *reinterpret_cast<uint32_t *>(qb + (rw + i) * C + c) = q[i];
+    for (int i = 0; i < 16; ++i, qr += C)
+      if (FULL || rw + i < R) *reinterpret_cast<uint32_t *>(qr) = q[i];
   }
   /* a tile inside q_t's bounds (whose rows are 16-byte aligned) */
-  const bool inside = r0 + kT <= R && c0 + kT <= C && R % 16 == 0;
+  const bool inside = FULL || (r0 + kT <= R && c0 + kT <= C && R % 16 == 0);
   if (a.qt && inside) {
     /* q_t through shared memory, so that 8 lanes store a 128-byte line (16 bytes a lane to 32
      * columns, as below, left half-filled 32-byte sectors and 60% of HBM where this is 84%):
@@ -511,6 +519,22 @@ __global__ void __launch_bounds__(kThreads, MODE == kBoth ? 3 : 4) quantize_tile
         for (int i = 0; i < 16 && rw + i < R; ++i) qb[(c + j) * R + rw + i] = (uint8_t)(q[i] >> (8 * j));
     }
   }
+}
+
+template <sl_dtype T, TileMode MODE>
+__global__ void __launch_bounds__(kThreads, MODE == kBoth ? 3 : 4) quantize_tile16_kernel(QArgs a) {
+  __shared__ __align__(16) uint16_t tile[kT * kT];
+  __shared__ uint2 red[kThreads / 32][32];
+  __shared__ BlockScale sc[kT], sc_row[MODE == kBoth ? kT : 1];
+  const long long b = blockIdx.z, r0 = (long long)blockIdx.x * kT, c0 = (long long)blockIdx.y * kT;
+  /* the rows loaded, and (kBoth) the rows q_t reads: row_range's */
+  const Live range = live_rows(a, b), live = MODE == kBoth ? Live{0, a.x_rows} : range;
+  const bool full = r0 + kT <= a.rows && c0 + kT <= a.cols && a.rows % 16 == 0 &&
+                    live.lo <= r0 && r0 + kT <= live.hi && range.lo <= r0 && r0 + kT <= range.hi;
+  if (full)
+    quantize_tile16<T, MODE, true>(a, tile, red, sc, sc_row, range, live);
+  else
+    quantize_tile16<T, MODE, false>(a, tile, red, sc, sc_row, range, live);
 }
 
 constexpr size_t kSmemBytes = (size_t)(kT * kLd + 2 * kT) * sizeof(float);
