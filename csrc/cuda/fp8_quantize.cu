@@ -343,6 +343,18 @@ __global__ void __launch_bounds__(kThreads) quantize_rows16_kernel(QArgs a) {
   }
 }
 
+/* Byte j of q[0..15] (one column of 16 rows, 4 columns a word) as 16 consecutive bytes. */
+__device__ __forceinline__ uint4 column_bytes(const uint32_t (&q)[16], int j) {
+  uint32_t o[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) { /* rows 4k .. 4k + 3: byte j of each */
+    const uint32_t lo = __byte_perm(q[4 * k], q[4 * k + 1], j | (j + 4) << 4);
+    const uint32_t hi = __byte_perm(q[4 * k + 2], q[4 * k + 3], j | (j + 4) << 4);
+    o[k] = __byte_perm(lo, hi, 0x5410);
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 /* The tile kernel's modes: 128 x 1 blocks (q and/or q_t), 128 x 128 blocks (q and/or q_t), or
  * both layouts of an activation (sl_quantize_fp8_both_cuda: q by 1 x 128 blocks from every row,
  * q_t by 128 x 1 blocks from the rows in row_range). */
@@ -480,17 +492,9 @@ __device__ __forceinline__ void quantize_tile16(const QArgs &a, uint16_t *tile, 
      * registers by now. */
     uint8_t *qs = reinterpret_cast<uint8_t *>(tile);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      uint32_t o[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) { /* rows 4k .. 4k + 3: byte j of each */
-        const uint32_t lo = __byte_perm(q[4 * k], q[4 * k + 1], j | (j + 4) << 4);
-        const uint32_t hi = __byte_perm(q[4 * k + 2], q[4 * k + 3], j | (j + 4) << 4);
-        o[k] = __byte_perm(lo, hi, 0x5410);
-      }
+    for (int j = 0; j < 4; ++j)
       *reinterpret_cast<uint4 *>(qs + (lane * 4 + j) * kT + (warp ^ (lane & 7)) * 16) =
-          make_uint4(o[0], o[1], o[2], o[3]);
-    }
+          column_bytes(q, j);
     __syncthreads();
     const int chunk = tid & 7;
     uint8_t *qt = a.qt + ((size_t)b * C + c0) * R + r0 + chunk * 16;
@@ -504,16 +508,8 @@ __device__ __forceinline__ void quantize_tile16(const QArgs &a, uint16_t *tile, 
     uint8_t *qb = a.qt + (size_t)b * R * C;
     if (R % 16 == 0) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t o[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) { /* rows 4k .. 4k + 3: byte j of each */
-          const uint32_t lo = __byte_perm(q[4 * k], q[4 * k + 1], j | (j + 4) << 4);
-          const uint32_t hi = __byte_perm(q[4 * k + 2], q[4 * k + 3], j | (j + 4) << 4);
-          o[k] = __byte_perm(lo, hi, 0x5410);
-        }
-        *reinterpret_cast<uint4 *>(qb + (c + j) * R + rw) = make_uint4(o[0], o[1], o[2], o[3]);
-      }
+      for (int j = 0; j < 4; ++j)
+        *reinterpret_cast<uint4 *>(qb + (c + j) * R + rw) = column_bytes(q, j);
     } else {
       for (int j = 0; j < 4; ++j)
         for (int i = 0; i < 16 && rw + i < R; ++i) qb[(c + j) * R + rw + i] = (uint8_t)(q[i] >> (8 * j));
