@@ -44,8 +44,8 @@ if [ -z "${SLUICE_LIBRARY:-}" ]; then
   export SLUICE_LIBRARY=$PWD/build/libsluice.so
 fi
 want gmm && part gmm env LOGS="$LOGS/gmm" tests/gpu/run.sh
-want jax && part jax timeout 400 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_jax_gpu.py
-want fp8 && part fp8 env JAX_PLATFORMS=cuda timeout 400 python3 -m pytest -q -rs -p no:cacheprovider \
+want jax && part jax timeout 400 python3 -m pytest -q -rfs -p no:cacheprovider tests/gpu/test_jax_gpu.py
+want fp8 && part fp8 env JAX_PLATFORMS=cuda timeout 400 python3 -m pytest -q -rfs -p no:cacheprovider \
   tests/python/ops/test_gmm_fp8.py tests/python/ops/test_fp8_quantize.py tests/python/ops/test_ep_fp8.py \
   tests/python/nn/test_fp8.py
 R=$(nvidia-smi -L | wc -l)
@@ -60,8 +60,8 @@ if want ep && [ "$R" -ge 2 ]; then
   # initialisation is slow under the sanitizer, hence the longer bound.
   part ep-san-nccl env SLUICE_EP_TIMEOUT=90 timeout 150 "$SAN" --tool memcheck --leak-check no \
     --report-api-errors no --error-exitcode 9 python3 tests/gpu/ep_capi_check.py --ranks 1 --quick --transport nccl
-  part ep-jax env EP_RANKS="$R" timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_ep_gpu.py
-  part ep-bounded env JAX_PLATFORMS=cuda timeout 600 python3 -m pytest -q -rs -p no:cacheprovider \
+  part ep-jax env EP_RANKS="$R" timeout 300 python3 -m pytest -q -rfs -p no:cacheprovider tests/gpu/test_ep_gpu.py
+  part ep-bounded env JAX_PLATFORMS=cuda timeout 600 python3 -m pytest -q -rfs -p no:cacheprovider \
     tests/python/ops/test_ep_bounded.py
 elif want ep; then
   echo "ep     skipped: needs 2 or more GPUs (this host has $R)"
