@@ -391,14 +391,14 @@ def bench_quantize(lib, args):
     for name, r, c, b, block, wq, wqt in cases:
         both, gathered = block in ("both", "gather"), block == "gather"
         br, bc = (1, 128) if both else block
-        x = torch.randn(b, r // 8 if gathered else r, c, device=dev, dtype=torch.bfloat16)
-        idx = torch.randperm(r, device=dev, dtype=torch.int64) % (r // 8) if gathered else None
-        idx = idx.to(torch.int32) if gathered else None
+        src_rows = r // 8 if gathered else 0
+        idx = (torch.randperm(r, device=dev) % src_rows).to(torch.int32) if gathered else None
+        x = torch.randn(b, src_rows or r, c, device=dev, dtype=torch.bfloat16)
         q = torch.empty(b, r, c, device=dev, dtype=torch.uint8) if wq else None
         qt = torch.empty(b, c, r, device=dev, dtype=torch.uint8) if wqt else None
         ns = b * (r if br == 1 else (r + 127) // 128) * (c if bc == 1 else (c + 127) // 128)
         sc = torch.empty(ns, device=dev, dtype=torch.float32)
-        d = QuantDesc(ctypes.sizeof(QuantDesc), b, r, c, r, SL_DTYPE_BF16, br, bc, 0, r // 8)
+        d = QuantDesc(ctypes.sizeof(QuantDesc), b, r, c, r, SL_DTYPE_BF16, br, bc, 0, src_rows)
         if both:
             sct = torch.empty(b * ((r + 127) // 128) * c, device=dev, dtype=torch.float32)
             ns += sct.numel()

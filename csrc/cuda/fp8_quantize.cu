@@ -436,7 +436,8 @@ __device__ __forceinline__ void quantize_tile16(const QArgs &a, uint16_t *tile, 
       }
       sc[tid] = make_scale(amax_of<T>(m), a.pow2);
       float *st = MODE == kBoth ? a.scale_t : a.scale;
-      if (FULL || c0 + tid < C) st[((size_t)b * ((R + 127) / 128) + blockIdx.x) * C + c0 + tid] = sc[tid].s;
+      if (FULL || c0 + tid < C)
+        st[((size_t)b * ((R + 127) / 128) + blockIdx.x) * C + c0 + tid] = sc[tid].s;
     }
   } else {
     uint32_t m = max_halves(__vmaxu2(m0, m1));
@@ -642,8 +643,8 @@ extern "C" sl_status sl_quantize_fp8_both_cuda(const sl_quantize_fp8_desc *d, co
                         (long long)d->src_rows);
   if (d->rows == 0 || d->cols == 0 || d->batch == 0) return SL_STATUS_SUCCESS;
   const long long x_in = gather ? d->src_rows : d->x_rows; /* rows x holds */
-  if ((x == NULL && x_in > 0) || (q == NULL && d->x_rows > 0) || (scale == NULL && d->x_rows > 0) || q_t == NULL ||
-      scale_t == NULL)
+  if ((x == NULL && x_in > 0) || (q == NULL && d->x_rows > 0) ||
+      (scale == NULL && d->x_rows > 0) || q_t == NULL || scale_t == NULL)
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "%s: x, q, scale (where x has rows), q_t and scale_t must be given", op);
   a.gather = gather, a.src_rows = gather ? d->src_rows : 0;
@@ -667,4 +668,3 @@ extern "C" sl_status sl_quantize_fp8_both_cuda(const sl_quantize_fp8_desc *d, co
     quantize_tile16_kernel<SL_DTYPE_F16, kBoth><<<tiles, kThreads, 0, s>>>(a);
   return launched(op);
 }
-

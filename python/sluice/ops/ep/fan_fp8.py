@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from ..fp8 import quantize_both
-from ..gmm_fp8 import as_recipe, backward_quantized, dy_range, forward_quantized
+from ..gmm import _offset_array
+from ..gmm_fp8 import _local_range, as_recipe, backward_quantized, dy_range, forward_quantized
 from ..vma import match_vma
 from .fan import Fan, _fan_in_call, _fan_rows, _ones
 
@@ -41,12 +42,12 @@ def sources(fan: Fan):
     return jnp.full((m,), -1, jnp.int32).at[dst].set(rows, mode="drop", unique_indices=True)
 
 
-def _zero_offset():
-    return jnp.zeros((1,), jnp.int32)
-
-
-def _rows(group_sizes):
-    return jnp.int32(0), jnp.sum(group_sizes).astype(jnp.int32)
+def _quantize_x(x, rhs, group_sizes, recipe, gather=None):
+    """x's two layouts for forward_quantized (every group local: group offset 0)."""
+    off = _offset_array(None)
+    rows = _local_range(group_sizes, off, rhs.shape[-3])
+    p2 = recipe.power_of_two_scales
+    return quantize_both(x, power_of_two=p2, row_range=rows, pad_rows_to=16, gather=gather), off
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
@@ -55,12 +56,9 @@ def _fanned_gmm(x, src, pos, rhs, group_sizes, l, out_dtype, skip, recipe):
 
 
 def _fanned_fwd(x, src, pos, rhs, group_sizes, l, out_dtype, skip, recipe):
-    p2 = recipe.power_of_two_scales
-    qx = quantize_both(x, power_of_two=p2, row_range=_rows(group_sizes), pad_rows_to=16, gather=src)
-    y, res = forward_quantized(
-        qx, x, rhs, group_sizes, _zero_offset(), False, out_dtype, skip, recipe
-    )
-    return y.astype(out_dtype), (res, pos, x[:0])
+    qx, off = _quantize_x(x, rhs, group_sizes, recipe, gather=src)
+    y, res = forward_quantized(qx, x, rhs, group_sizes, off, False, out_dtype, skip, recipe)
+    return y, (res, pos, x[:0])
 
 
 def _fanned_bwd(l, out_dtype, skip, recipe, r, dy):
@@ -82,12 +80,9 @@ def _gmm_fan_sum(lhs, rhs, src, pos, group_sizes, l, out_dtype, skip, recipe):
 
 
 def _gmm_fan_sum_fwd(lhs, rhs, src, pos, group_sizes, l, out_dtype, skip, recipe):
-    p2 = recipe.power_of_two_scales
-    qx = quantize_both(lhs, power_of_two=p2, row_range=_rows(group_sizes), pad_rows_to=16)
-    ys, res = forward_quantized(
-        qx, lhs, rhs, group_sizes, _zero_offset(), False, lhs.dtype, skip, recipe
-    )
-    out = _fan_in_call(ys.astype(lhs.dtype), _ones(pos), pos, l, out_dtype)
+    qx, off = _quantize_x(lhs, rhs, group_sizes, recipe)
+    ys, res = forward_quantized(qx, lhs, rhs, group_sizes, off, False, lhs.dtype, skip, recipe)
+    out = _fan_in_call(ys, _ones(pos), pos, l, out_dtype)
     return out, (res, src)
 
 
