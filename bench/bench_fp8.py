@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import os
 import statistics
@@ -27,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_gmm import SL_DTYPE_BF16, GmmDesc, QuantDesc, time_cuda, torch_meta
+from bench_gmm import SL_DTYPE_BF16, GmmDesc, QuantDesc, SwigluDesc, time_cuda, torch_meta
 from shapes import group_sizes, select_shapes
 
 SL_DTYPE_F8E4M3 = 4
@@ -429,6 +430,88 @@ def bench_quantize(lib, args):
     return rows
 
 
+def _run_calls(lib, seq):
+    for fn, a in seq:
+        check(lib, fn(*a), fn.__name__)
+
+
+def bench_swiglu_quantize(lib, args):
+    """The SwiGLU's activation (gradient) quantized in both layouts as it is computed
+    (sl_swiglu_quantize_fp8_cuda, sl_swiglu_bwd_quantize_fp8_cuda) against the two passes it
+    replaces (sl_swiglu_*_cuda writing bf16, then sl_quantize_fp8_both_cuda), with row weights, at
+    DeepSeek-V3's expert width and dsv3-proxy's. GB/s counts each path's own bytes."""
+    import torch
+
+    dev, vp = torch.device("cuda"), ctypes.c_void_p
+    lib.sl_swiglu_fwd_cuda.argtypes = [ctypes.POINTER(SwigluDesc)] + [vp] * 5
+    lib.sl_swiglu_bwd_cuda.argtypes = [ctypes.POINTER(SwigluDesc)] + [vp] * 7
+    lib.sl_swiglu_quantize_fp8_cuda.argtypes = [ctypes.POINTER(QuantDesc)] + [vp] * 8
+    lib.sl_swiglu_bwd_quantize_fp8_cuda.argtypes = [ctypes.POINTER(QuantDesc)] + [vp] * 10
+    rows = []
+    for m, f in ((32768, 2048), (65536, 256)):
+        h = torch.randn(m, 2 * f, device=dev, dtype=torch.bfloat16)
+        dact = torch.randn(m, f, device=dev, dtype=torch.bfloat16)
+        w = torch.rand(m, device=dev)
+        gs = torch.tensor([m], device=dev, dtype=torch.int32)
+        s = torch.cuda.current_stream().cuda_stream
+        for bwd in (False, True):
+            c = 2 * f if bwd else f
+            d = QuantDesc(ctypes.sizeof(QuantDesc), 1, m, c, m, SL_DTYPE_BF16, 1, 128, 0, 0)
+            sd = SwigluDesc(ctypes.sizeof(SwigluDesc), m, f, 1, SL_DTYPE_BF16, 0)
+            q = torch.empty(m, c, device=dev, dtype=torch.uint8)
+            qt = torch.empty(c, m, device=dev, dtype=torch.uint8)
+            sc = torch.empty(m * ((c + 127) // 128), device=dev)
+            sct = torch.empty(((m + 127) // 128) * c, device=dev)
+            parts = torch.empty(m, (f + 127) // 128, device=dev)
+            mid = torch.empty(m, c, device=dev, dtype=torch.bfloat16)
+            dw = torch.empty(m, device=dev)
+            outs = [t.data_ptr() for t in (q, sc, qt, sct)]
+            hp, wp, dap, mp = h.data_ptr(), w.data_ptr(), dact.data_ptr(), mid.data_ptr()
+            if bwd:
+                fused = [
+                    (
+                        lib.sl_swiglu_bwd_quantize_fp8_cuda,
+                        (ctypes.byref(d), dap, hp, wp, None, *outs, parts.data_ptr(), s),
+                    )
+                ]
+                passes = [
+                    (
+                        lib.sl_swiglu_bwd_cuda,
+                        (ctypes.byref(sd), dap, hp, wp, gs.data_ptr(), mp, dw.data_ptr(), s),
+                    )
+                ]
+            else:
+                fused = [
+                    (lib.sl_swiglu_quantize_fp8_cuda, (ctypes.byref(d), hp, wp, None, *outs, s))
+                ]
+                passes = [
+                    (lib.sl_swiglu_fwd_cuda, (ctypes.byref(sd), hp, wp, gs.data_ptr(), mp, s))
+                ]
+            passes.append(
+                (lib.sl_quantize_fp8_both_cuda, (ctypes.byref(d), mp, None, None, *outs, s))
+            )
+            calls = {
+                name: functools.partial(_run_calls, lib, seq)
+                for name, seq in (("fused", fused), ("passes", passes))
+            }  # fmt: skip
+            ms = time_cuda(calls, args.iters)
+            # bytes: h (4F), dact (2F) in the backward; q, q_t (1 each an element); the scales;
+            # the two passes also write and read the bf16 activation (gradient)
+            scales = 4 * (sc.numel() + sct.numel())
+            moved = m * (4 * f + (2 * f if bwd else 0) + 2 * c) + scales
+            what = "gradient" if bwd else "activation"
+            for name, nbytes in (("fused", moved), ("passes", moved + 4 * m * c)):
+                label = "one pass" if name == "fused" else "two passes (bf16 written, read back)"
+                gbs = nbytes / ms[name] / 1e6
+                rows.append({
+                    "case": f"SwiGLU {what} -> both layouts, {label} (F {f})",
+                    "rows": m, "cols": c, "batch": 1, "ms": ms[name], "GB/s": gbs,
+                    "hbm_share": gbs / (HBM_TBS * 1000),
+                })  # fmt: skip
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def median_ratio(rows, a, b):
     v = [r["tflops"][a] / r["tflops"][b] for r in rows if a in r["tflops"] and b in r["tflops"]]
     return (statistics.median(v), min(v)) if v else (float("nan"), float("nan"))
@@ -565,7 +648,7 @@ def main():
         for shape in select_shapes(spec) if spec != "none" else ():
             rows += bench_shape(lib, shape, args)
             torch.cuda.empty_cache()
-    qrows = bench_quantize(lib, args)
+    qrows = bench_quantize(lib, args) + bench_swiglu_quantize(lib, args)
     meta = torch_meta(args, command=args.command)
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows, "quantize": qrows}, f, indent=1)

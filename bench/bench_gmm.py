@@ -64,6 +64,18 @@ class QuantDesc(ctypes.Structure):
     ]
 
 
+# sl_swiglu_desc, for the FP8 SwiGLU harnesses (as QuantDesc; also checked by test_c_mirrors.py)
+class SwigluDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("rows", ctypes.c_int64),
+        ("ff", ctypes.c_int64),
+        ("num_groups", ctypes.c_int64),
+        ("dtype", ctypes.c_int),
+        ("skip_unused_rows", ctypes.c_int),
+    ]
+
+
 def time_cuda(fns, iters, warmup=3, info=None, mode="queued", flush_l2=True):
     """Median milliseconds of each callable in `fns`: GPU time between two CUDA events around it.
     The callables take turns within every iteration, so clock drift during the run (the dense cuBLAS

@@ -215,6 +215,27 @@ sl_status sl_quantize_fp8_both_cuda(const sl_quantize_fp8_desc *desc, const void
                                     const int32_t *row_range, const int32_t *gather, void *q,
                                     float *scale, void *q_t, float *scale_t, void *stream);
 
+/* The SwiGLU's activation, and its gradient, quantized in both layouts as they are computed (an
+ * FP8 expert block's down projection and its gate/up projection's backward): bit for bit
+ * sl_swiglu_fwd_cuda's act (sl_swiglu_bwd_cuda's dh) with the rows outside row_range zero, then
+ * sl_quantize_fp8_both_cuda on it, without the 16-bit array written. desc describes the quantized
+ * array as sl_quantize_fp8_both_cuda's does (block 1 x 128; dtype BF16 or F16, h's): the forward's
+ * act [batch, x_rows, F] (cols = F, a multiple of 8), the backward's dh [batch, x_rows, 2F]
+ * (cols = 2F). h is [batch, x_rows, 2F], dact [batch, x_rows, F], row_weights f32 [batch, x_rows]
+ * or NULL (1); rows outside row_range [lo, hi) (device int32 [batch, 2], or NULL: all) are zero.
+ * With row_weights the backward also writes drow_weight_parts f32 [batch, x_rows, ceil(F/128)]:
+ * part j of row r is the sum of dact[r, c] * silu(gate[r, c]) * up[r, c] over the columns c of
+ * [128 j, 128 j + 128) (0 outside row_range); d w[r] is the sum of its row. h, dact, q and q_t
+ * 16-byte aligned. */
+sl_status sl_swiglu_quantize_fp8_cuda(const sl_quantize_fp8_desc *desc, const void *h,
+                                      const float *row_weights, const int32_t *row_range, void *q,
+                                      float *scale, void *q_t, float *scale_t, void *stream);
+sl_status sl_swiglu_bwd_quantize_fp8_cuda(const sl_quantize_fp8_desc *desc, const void *dact,
+                                          const void *h, const float *row_weights,
+                                          const int32_t *row_range, void *q, float *scale,
+                                          void *q_t, float *scale_t, float *drow_weight_parts,
+                                          void *stream);
+
 /* 1 if the library was built with CUDA kernels, else 0. */
 int sl_has_cuda(void);
 

@@ -5,8 +5,9 @@
 #         and the bounded pipeline wait
 #   jax   tests/gpu/test_jax_gpu.py: the ops through XLA's CUDA FFI, gradients, the MoE layer
 #   fp8   the FP8 ops' and the quantization's Python tests on the GPU (tests/python/ops/test_gmm_fp8.py,
-#         test_fp8_quantize.py, test_ep_fp8.py, tests/python/nn/test_fp8.py: the CUDA kernels against
-#         the references, bit for bit where they must be; the multi-device cases skip on one GPU)
+#         test_fp8_quantize.py, test_fp8_swiglu.py, test_ep_fp8.py, tests/python/nn/test_fp8.py: the
+#         CUDA kernels against the references, bit for bit where they must be; the multi-device
+#         cases skip on one GPU)
 #   ep    sluice.ep over every GPU of the host (2 or more): the C API with every transport (peer, IPC,
 #         NCCL) against the references, one process per GPU, compute-sanitizer memcheck, the JAX ep tests,
 #         the bounded rounds against the worst-case path (tests/python/ops/test_ep_bounded.py)
@@ -46,7 +47,8 @@ fi
 want gmm && part gmm env LOGS="$LOGS/gmm" tests/gpu/run.sh
 want jax && part jax timeout 400 python3 -m pytest -q -rfs -p no:cacheprovider tests/gpu/test_jax_gpu.py
 want fp8 && part fp8 env JAX_PLATFORMS=cuda timeout 400 python3 -m pytest -q -rfs -p no:cacheprovider \
-  tests/python/ops/test_gmm_fp8.py tests/python/ops/test_fp8_quantize.py tests/python/ops/test_ep_fp8.py \
+  tests/python/ops/test_gmm_fp8.py tests/python/ops/test_fp8_quantize.py tests/python/ops/test_fp8_swiglu.py \
+  tests/python/ops/test_ep_fp8.py \
   tests/python/nn/test_fp8.py
 R=$(nvidia-smi -L | wc -l)
 if want ep && [ "$R" -ge 2 ]; then

@@ -65,6 +65,24 @@ sl_status sl_quantize_fp8_both_cuda(const sl_quantize_fp8_desc *desc, const void
   return not_built("quantize_fp8_both");
 }
 
+sl_status sl_swiglu_quantize_fp8_cuda(const sl_quantize_fp8_desc *desc, const void *h,
+                                      const float *row_weights, const int32_t *row_range, void *q,
+                                      float *scale, void *q_t, float *scale_t, void *stream) {
+  (void)desc, (void)h, (void)row_weights, (void)row_range, (void)q, (void)scale, (void)q_t;
+  (void)scale_t, (void)stream;
+  return not_built("swiglu_quantize_fp8");
+}
+
+sl_status sl_swiglu_bwd_quantize_fp8_cuda(const sl_quantize_fp8_desc *desc, const void *dact,
+                                          const void *h, const float *row_weights,
+                                          const int32_t *row_range, void *q, float *scale,
+                                          void *q_t, float *scale_t, float *drow_weight_parts,
+                                          void *stream) {
+  (void)desc, (void)dact, (void)h, (void)row_weights, (void)row_range, (void)q, (void)scale;
+  (void)q_t, (void)scale_t, (void)drow_weight_parts, (void)stream;
+  return not_built("swiglu_bwd_quantize_fp8");
+}
+
 sl_status sl_swiglu_fwd_cuda(const sl_swiglu_desc *desc, const void *h, const float *row_weights,
                              const int32_t *group_sizes, void *act, void *stream) {
   (void)desc, (void)h, (void)row_weights, (void)group_sizes, (void)act, (void)stream;

@@ -14,6 +14,7 @@
 
 #include "../core/internal.h"
 #include "half_pack.cuh"
+#include "swiglu_math.cuh"
 
 namespace sluice_cuda {
 namespace {
@@ -73,15 +74,6 @@ struct Args {
   int64_t M, F, G;
   int skip, vec;
 };
-
-__device__ __forceinline__ void fwd1(float g, float u, float *a) {
-  *a = g / (1.0f + __expf(-g)) * u;
-}
-__device__ __forceinline__ void bwd1(float g, float u, float da, float *dg, float *du) {
-  const float s = 1.0f / (1.0f + __expf(-g));
-  *dg = da * u * (s * (1.0f + g * (1.0f - s)));
-  *du = da * (g * s);
-}
 
 /* A grid-stride walk over the used rows' n = F / V vectors (or F elements) per row, as (row,
  * column). */

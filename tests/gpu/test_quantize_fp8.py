@@ -2,7 +2,9 @@
 (python/sluice/ops/fp8.py), bit for bit: every block layout, q and its transpose, row_range (rows
 outside it read as zero), rows past x (padding), power-of-two scales, bf16, f16 and float32 x, and
 the edge values (zero blocks, float32 subnormals of either sign, -0, blocks whose scale is below
-2^-90, values beyond e4m3's range, inf and NaN).
+2^-90, values beyond e4m3's range, inf and NaN). sl_swiglu_quantize_fp8_cuda and its backward
+against the composition they stand for (sl_swiglu_*_cuda, then sl_quantize_fp8_both_cuda), bit for
+bit, and the row weights' gradient from the parts against sl_swiglu_bwd_cuda's.
 
   python3 tests/gpu/test_quantize_fp8.py build-gpu/libsluice_gpu.so      (tests/gpu/run.sh runs it)
 """
@@ -19,7 +21,7 @@ import torch
 
 # sl_quantize_fp8_desc: the C mirror the benchmarks share
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
-from bench_gmm import QuantDesc
+from bench_gmm import QuantDesc, SwigluDesc
 
 SL_BF16, SL_F32, SL_F16 = 1, 0, 2
 RCP_MAX = np.float32(1.0 / 448.0)
@@ -144,7 +146,88 @@ def check_both(lib, x, xt, rows, ranges, dt, pow2, rng=None):
     return report(name, x, checks)
 
 
-def main(lib_path):
+def check_swiglu(lib, rng, xr, rows, f, lo, hi, dt, pow2, weighted, bwd):
+    """The fused SwiGLU quantization (forward, or backward) of h [xr, 2F] against the composition,
+    all outputs poisoned first; rows outside [lo, hi) zero in both."""
+    tdt = torch.bfloat16 if dt == SL_BF16 else torch.float16
+    h = (torch.randn(xr, 2 * f, device="cuda") * 3).to(tdt)
+    h[min(5, xr - 1), 3] = float("inf")  # a non-finite value: its blocks' scale NaN
+    dact = torch.randn(xr, f, device="cuda").to(tdt)
+    w = torch.rand(xr, device="cuda") if weighted else None
+    gs = torch.tensor([hi], device="cuda", dtype=torch.int32)
+    vr = torch.tensor([[lo, hi]], device="cuda", dtype=torch.int32)
+    c = 2 * f if bwd else f
+    sd = SwigluDesc(ctypes.sizeof(SwigluDesc), xr, f, 1, dt, 0)
+    ptr = lambda t: None if t is None else t.data_ptr()
+    ref = torch.full((xr, c), float("nan"), device="cuda").to(tdt)
+    dw = torch.full((xr,), float("nan"), device="cuda")
+    if bwd:
+        st = lib.sl_swiglu_bwd_cuda(ctypes.byref(sd), ptr(dact), ptr(h), ptr(w), ptr(gs), ptr(ref),
+                                    ptr(dw) if weighted else None, None)  # fmt: skip
+    else:
+        st = lib.sl_swiglu_fwd_cuda(ctypes.byref(sd), ptr(h), ptr(w), ptr(gs), ptr(ref), None)
+    assert st == 0, lib.sl_last_error().decode()
+    ref[:lo] = 0
+    d = QuantDesc(ctypes.sizeof(QuantDesc), 1, rows, c, xr, dt, 1, 128, pow2, 0)
+    nb = (c + 127) // 128
+
+    def outs():
+        return [
+            torch.full((xr, c), 0xAB, device="cuda", dtype=torch.uint8),
+            torch.full((xr * nb,), float("nan"), device="cuda"),
+            torch.full((c, rows), 0xAB, device="cuda", dtype=torch.uint8),
+            torch.full(((rows + 127) // 128 * c,), float("nan"), device="cuda"),
+        ]
+
+    want, got = outs(), outs()
+    st = lib.sl_quantize_fp8_both_cuda(ctypes.byref(d), ptr(ref), ptr(vr), None,
+                                       *map(ptr, want), None)  # fmt: skip
+    assert st == 0, lib.sl_last_error().decode()
+    parts = torch.full((xr, (f + 127) // 128), float("nan"), device="cuda")
+    if bwd:
+        st = lib.sl_swiglu_bwd_quantize_fp8_cuda(ctypes.byref(d), ptr(dact), ptr(h), ptr(w),
+                                                 ptr(vr), *map(ptr, got),
+                                                 ptr(parts) if weighted else None, None)  # fmt: skip
+    else:
+        st = lib.sl_swiglu_quantize_fp8_cuda(ctypes.byref(d), ptr(h), ptr(w), ptr(vr),
+                                             *map(ptr, got), None)  # fmt: skip
+    torch.cuda.synchronize()
+    name = f"swiglu {'bwd' if bwd else 'fwd'} rows {xr}->{rows} F {f} [{lo}, {hi}) pow2 {pow2} "
+    name += f"dtype {dt} weighted {int(weighted)}"
+    if bwd and f % 128:  # the backward pairs d gate's and d up's 128-column tiles
+        msg = lib.sl_last_error().decode()
+        ok = st != 0 and "F must be a multiple of 128" in msg
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: rejected ({msg})")
+        return ok
+    if st != 0:
+        print(f"FAIL {name}: {lib.sl_last_error().decode()}")
+        return False
+    x = ref.float().cpu().numpy()[None]
+    checks = []
+    for what, g, wnt in zip(("q", "scale", "q_t", "scale_t"), got, want):
+        g, wnt = g.cpu().numpy(), wnt.cpu().numpy()
+        if what.startswith("q"):
+            g, wnt = (g, wnt) if what == "q" else (g.T, wnt.T)
+            checks.append((what, g[None], wnt[None]))
+        else:
+            checks.append((what, g, wnt))
+    ok = report(name, x, checks)
+    if bwd and weighted:
+        dw_ref = dw.cpu().numpy().astype(np.float64)
+        dw_ref[:lo] = 0
+        dw_got = parts.cpu().numpy().astype(np.float64).sum(axis=1)
+        # float32 sums in two orders: within 1e-5 of the sum of the terms' magnitudes
+        g, u = h[:, :f].double(), h[:, f:].double()
+        mag = (dact.double() * g * torch.sigmoid(g) * u).abs().sum(1).cpu().numpy()
+        close = np.allclose(dw_got, dw_ref, rtol=0, atol=0, equal_nan=True) or bool(
+            np.all(np.isclose(dw_got, dw_ref, rtol=0, atol=1e-5 * mag + 1e-30, equal_nan=True))
+        )
+        print(f"{'ok  ' if close else 'FAIL'} {name}: d row weights from the parts")
+        ok = ok and close
+    return ok
+
+
+def main(lib_path, only=None):
     np.seterr(over="ignore")  # pow2_ceil's 448 * p may overflow to inf, as in float32 on the GPU
     lib = ctypes.CDLL(lib_path)
     lib.sl_quantize_fp8_cuda.restype = ctypes.c_int
@@ -152,6 +235,11 @@ def main(lib_path):
     lib.sl_quantize_fp8_both_cuda.restype = ctypes.c_int
     lib.sl_quantize_fp8_both_cuda.argtypes = [ctypes.POINTER(QuantDesc)] + [ctypes.c_void_p] * 8
     lib.sl_last_error.restype = ctypes.c_char_p
+    vp = ctypes.c_void_p
+    lib.sl_swiglu_fwd_cuda.argtypes = [ctypes.POINTER(SwigluDesc)] + [vp] * 5
+    lib.sl_swiglu_bwd_cuda.argtypes = [ctypes.POINTER(SwigluDesc)] + [vp] * 7
+    lib.sl_swiglu_quantize_fp8_cuda.argtypes = [ctypes.POINTER(QuantDesc)] + [vp] * 8
+    lib.sl_swiglu_bwd_quantize_fp8_cuda.argtypes = [ctypes.POINTER(QuantDesc)] + [vp] * 10
     rng = np.random.default_rng(7)
     fails = runs = 0
     # 16-bit x with cols % 8 == 0 runs the fast kernels (rows: 1x128 q alone; tile: 128x1 and
@@ -173,7 +261,7 @@ def main(lib_path):
         (1, 2048, 2048, 1024, (128, 1), 0, SL_BF16, 1.0, False),
         (1, 1024, 1024, 1024, (128, 128), 0, SL_BF16, 1.0, False),
     ]
-    for b, xr, rows, c, (br, bc), pow2, dt, frac, specials in cases:
+    for b, xr, rows, c, (br, bc), pow2, dt, frac, specials in cases if only != "swiglu" else ():
         x, xt = make_x(rng, b, xr, c, dt, specials)
         ranges = [(i * 3, int(frac * rows)) for i in range(b)]
         q_ref, s_ref = reference(x, rows, br, bc, pow2, ranges)
@@ -214,9 +302,24 @@ def main(lib_path):
             for gather_rng in (None, rng):
                 runs += 1
                 fails += not check_both(lib, x, xt, rows, ranges, dt, pow2, gather_rng)
+    swiglu_cases = [  # (x_rows, rows, F, lo, hi, dtype, pow2): full tiles, ragged edges, F % 128
+        (256, 256, 256, 0, 256, SL_BF16, 0),
+        (300, 304, 136, 0, 250, SL_BF16, 1),
+        (130, 144, 200, 7, 129, SL_F16, 0),
+        (1024, 1024, 512, 0, 1000, SL_BF16, 0),
+        (96, 96, 128, 0, 0, SL_BF16, 0),
+        (300, 304, 256, 3, 250, SL_F16, 1),
+    ]
+    for xr, rows, f, lo, hi, dt, pow2 in swiglu_cases:
+        for bwd in (False, True):
+            for weighted in (True, False):
+                runs += 1
+                fails += not check_swiglu(lib, rng, xr, rows, f, lo, hi, dt, pow2, weighted, bwd)
     print(f"{runs - fails} passed, {fails} failed")
     return 1 if fails else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "build-gpu/libsluice_gpu.so"))
+    # a second argument "swiglu" runs the fused SwiGLU cases alone (for the slower sanitizers)
+    lib = sys.argv[1] if len(sys.argv) > 1 else "build-gpu/libsluice_gpu.so"
+    sys.exit(main(lib, sys.argv[2] if len(sys.argv) > 2 else None))

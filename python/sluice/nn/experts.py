@@ -123,7 +123,16 @@ def _expert_block(xs, wi, wo, fan, gmm, out_dtype=None, kernel=False):
     fan_out's: fan.zero_unused_rows).
     With gmm.fanned_fp8, xs is fan_out's input (the fan from fan_out(..., copy_rows=False)), and
     the two ends run as sluice.ep.fanned_gmm and gmm_fan_in: the same values, without the copies
-    of the rows in bf16 (forward) and of d out (backward)."""
+    of the rows in bf16 (forward) and of d out (backward); with kernel too, the whole block runs
+    as sluice.ep.fanned_swiglu_mlp, which also never writes the activation nor its gradient in
+    bf16 (the router weights' gradient then equal up to float32 rounding)."""
+    if gmm.fanned_fp8 and kernel:
+        skip = not gmm.zero_unused_rows
+        row_w = _row_weights(fan, fan.rows)
+        return ep.fanned_swiglu_mlp(
+            xs, fan, wi, wo, row_weights=row_w, fp8=gmm.fp8, out_dtype=out_dtype,
+            skip_unused_rows=skip,
+        )  # fmt: skip
     if gmm.fanned_fp8:
         skip = not gmm.zero_unused_rows
         h = ep.fanned_gmm(xs, fan, wi, fp8=gmm.fp8, skip_unused_rows=skip)

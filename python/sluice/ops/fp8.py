@@ -114,6 +114,8 @@ __all__ = [
     "quantize_t",
     "quantize_weight",
     "scale_shape",
+    "swiglu_bwd_quantize",
+    "swiglu_quantize",
     "tgmm",
     "tgmm_fp8_reference",
 ]
@@ -545,6 +547,8 @@ def tgmm_fp8_reference(
     )
 
 
-# The FP8 ops (gmm_fp8.py) build on the quantization above and belong to this namespace:
-# sluice.fp8.gmm / tgmm on quantized operands, and the Recipe of sluice.gmm(..., fp8=...).
+# The FP8 ops build on the quantization above and belong to this namespace: sluice.fp8.gmm / tgmm
+# on quantized operands and the Recipe of sluice.gmm(..., fp8=...) (gmm_fp8.py); the SwiGLU's
+# activation and gradient quantized as they are computed (fp8_swiglu.py).
+from .fp8_swiglu import swiglu_bwd_quantize, swiglu_quantize
 from .gmm_fp8 import Recipe, gmm, tgmm

@@ -201,12 +201,20 @@ def test_fp8_layer_reads_the_fanned_rows_in_place(path, monkeypatch):
     """The sluice path's expert block in FP8 (sluice.ep.fanned_gmm and gmm_fan_in: the quantization
     picks fan_out's rows and d out's) equals the same block on fan_out's copies and fan_in's
     gradient (sluice.gmm(fp8=) between them): values and every gradient bit for bit, bf16, on one
-    device and over 2 CPU devices (rounds and worst-case buffers)."""
+    device and over 2 CPU devices (rounds and worst-case buffers). On a GPU the block runs as
+    sluice.ep.fanned_swiglu_mlp, whose row weights' gradient (the router's) is summed in another
+    order: the values stay bit for bit, the gradients within 1e-3."""
     cfg = dataclasses.replace(CFG, dtype=jnp.bfloat16, **PATHS[path])
     mesh = None if path == "local" else _mesh(1, 2)
     got = _run(cfg, mesh)
     monkeypatch.setattr(experts.ExpertMatmul, "fanned_fp8", False)
     want = _run(cfg, mesh)
+    if jax.default_backend() != "cpu":
+        np.testing.assert_array_equal(
+            np.asarray(got[0], np.float32), np.asarray(want[0], np.float32)
+        )
+        _assert_rel(got[1:], want[1:], 1e-3)
+        return
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 

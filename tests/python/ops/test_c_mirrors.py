@@ -31,6 +31,7 @@ MIRRORS = [
     ("sl_gmm_desc", capi.GmmDesc),
     ("sl_gmm_desc", BENCH_GMM.GmmDesc),
     ("sl_quantize_fp8_desc", BENCH_GMM.QuantDesc),
+    ("sl_swiglu_desc", BENCH_GMM.SwigluDesc),
     ("sl_swiglu_desc", capi.SwigluDesc),
     ("sl_ep_comm_desc", capi.EpCommDesc),
     ("sl_ep_desc", capi.EpDesc),

@@ -101,8 +101,12 @@ API
       copies, as fan_out's does).
   gmm_fan_in(lhs, rhs, fan, *, fp8=True, out_dtype=None, skip_unused_rows=False) -> [N, N']
       fan_in(sluice.gmm(lhs, rhs, group_sizes, fp8=...), fan, weighted=False): the backward's FP8
-      quantization picks d out's rows for the expert rows (d ys is never written). Both give the
-      compositions' values and gradients bit for bit (fan_fp8.py).
+      quantization picks d out's rows for the expert rows (d ys is never written).
+  fanned_swiglu_mlp(x, fan, wi, wo, *, row_weights=None, fp8=True, ...) -> [N, N']
+      The SwiGLU expert MLP between them, its activation and the activation's gradient quantized
+      as the SwiGLU and its backward compute them (never written in 16 bits). All three give the
+      compositions' values and gradients bit for bit (fan_fp8.py; the row weights' up to float32
+      rounding on a GPU).
   fan_in(ys, fan, *, out_dtype=None, weighted=True) -> [N, H']
       Local: out[i] = sum over slots j (in slot order, float32) of weight[i, j] * ys[row of (i, j)];
       rows with no local slot are zero. Differentiable in ys and in the weights (recv.topk_weights,
@@ -125,7 +129,7 @@ from .bounded import bounded_moe, bounded_rows
 from .comm import Communicator, communicator, setup, teardown
 from .exchange import Dispatched, Handle, combine, dispatch
 from .fan import Fan, fan_in, fan_out, fan_out_tokens
-from .fan_fp8 import fanned_gmm, gmm_fan_in
+from .fan_fp8 import fanned_gmm, fanned_swiglu_mlp, gmm_fan_in
 from .reference import (
     combine_reference,
     dispatch_reference,
@@ -152,6 +156,7 @@ __all__ = [
     "fan_out_reference",
     "fan_out_tokens",
     "fanned_gmm",
+    "fanned_swiglu_mlp",
     "gmm_fan_in",
     "moe_reference",
     "setup",

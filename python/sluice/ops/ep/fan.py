@@ -46,6 +46,12 @@ class Fan:
     max_rows: int = 0  # fan_out's bound on M (0: none)
     zero_unused_rows: bool = True  # fan_out's rows past the pairs zeroed (False: on CUDA unwritten)
 
+    @property
+    def rows(self) -> int:
+        """M: the rows of fan_out's output (the expert block)."""
+        n, k = self.pos.shape
+        return _fan_rows(n, k, self.num_local_experts, self.max_rows)
+
 
 def _fan_rows(n, k, l, max_rows=0):
     """M: the rows of fan_out's output, N * min(k, L) or max_rows where that is smaller (> 0)."""

@@ -8,8 +8,14 @@ never written out in bf16 first (sluice.ep's docstring lists them):
 - ``gmm_fan_in(lhs, rhs, fan, fp8=...)`` = ``fan_in(sluice.gmm(lhs, rhs, group_sizes, fp8=...),
   fan, weighted=False)``: the backward quantizes d out's rows for the expert rows straight from
   d out, where fan_in's backward would write them as d ys [M, H'] for the quantization to read.
+- ``fanned_swiglu_mlp(x, fan, wi, wo, row_weights=w, fp8=...)`` = ``gmm_fan_in(sluice.swiglu(
+  fanned_gmm(x, fan, wi), group_sizes, row_weights=w), wo, fan)``, the whole SwiGLU expert MLP
+  with the activation quantized as the SwiGLU computes it and the SwiGLU's gradient as its
+  backward computes it (fp8.swiglu_quantize, fp8.swiglu_bwd_quantize): neither the 16-bit
+  activation nor its gradient is written.
 
-Both give the compositions' values and gradients bit for bit (the gathered rows are the same
+All three give the compositions' values and gradients bit for bit (fanned_swiglu_mlp's gradient
+in the row weights up to float32 rounding: the GPU sums a row in 128-column parts) (the gathered rows are the same
 values; d out is rounded to ys's dtype first, as fan_in's backward rounds it), and take
 fan_out(..., copy_rows=False)'s layout. A row of x (of d out) is read once per copy; the copies
 of DeepSeek-V3's top-8 were 2 bytes written and 2 read per element on top of the quantization's
@@ -23,7 +29,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ..fp8 import quantize_both
+from ..fp8 import quantize_both, swiglu_bwd_quantize, swiglu_quantize
 from ..gmm import _offset_array
 from ..gmm_fp8 import _local_range, as_recipe, backward_quantized, dy_range, forward_quantized
 from ..vma import match_vma
@@ -100,6 +106,43 @@ def _gmm_fan_sum_bwd(l, out_dtype, skip, recipe, r, dout):
 _gmm_fan_sum.defvjp(_gmm_fan_sum_fwd, _gmm_fan_sum_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
+def _swiglu_mlp(x, src, pos, wi, wo, row_w, group_sizes, l, out_dtype, skip, recipe):
+    return _swiglu_mlp_fwd(x, src, pos, wi, wo, row_w, group_sizes, l, out_dtype, skip, recipe)[0]
+
+
+def _swiglu_mlp_fwd(x, src, pos, wi, wo, row_w, group_sizes, l, out_dtype, skip, recipe):
+    qx, off = _quantize_x(x, wi, group_sizes, recipe, gather=src)
+    h, res_i = forward_quantized(qx, x, wi, group_sizes, off, False, x.dtype, skip, recipe)
+    rows = _local_range(group_sizes, off, wo.shape[-3])
+    p2 = recipe.power_of_two_scales
+    qa = swiglu_quantize(h, row_w, row_range=rows, power_of_two=p2, pad_rows_to=16)
+    ys, res_o = forward_quantized(qa, h, wo, group_sizes, off, False, x.dtype, skip, recipe)
+    out = _fan_in_call(ys, _ones(pos), pos, l, out_dtype)
+    return out, (res_i, res_o, h, row_w, src, pos, x[:0])
+
+
+def _swiglu_mlp_bwd(l, out_dtype, skip, recipe, r, dout):
+    res_i, res_o, h, row_w, src, pos, x_like = r
+    p2 = recipe.power_of_two_scales
+    qdy = quantize_both(
+        dout.astype(h.dtype), power_of_two=p2, row_range=dy_range(res_o), pad_rows_to=16,
+        gather=src,
+    )  # fmt: skip
+    dact, dwo = backward_quantized(qdy, res_o, False, skip)
+    qdh, dw_rows = swiglu_bwd_quantize(
+        dact, h, row_w, row_range=dy_range(res_i), power_of_two=p2, pad_rows_to=16
+    )
+    dxs, dwi = backward_quantized(qdh, res_i, False, skip)
+    # fan_out's transpose: each row of x gets the sum of its copies' gradients
+    dx = _fan_in_call(dxs, _ones(pos), pos, l, x_like.dtype)
+    dw_rows = None if row_w is None else match_vma(dw_rows, row_w)
+    return match_vma(dx, x_like), None, None, dwi, dwo, dw_rows, None
+
+
+_swiglu_mlp.defvjp(_swiglu_mlp_fwd, _swiglu_mlp_bwd)
+
+
 def _checked(op, fan, rhs, fp8, skip_unused_rows):
     if not isinstance(fan, Fan):
         raise TypeError(f"sluice.ep.{op}: fan must come from fan_out, got {type(fan)}")
@@ -151,4 +194,42 @@ def gmm_fan_in(lhs, rhs, fan: Fan, *, fp8=True, out_dtype=None, skip_unused_rows
     l = fan.num_local_experts
     return _gmm_fan_sum(
         lhs, rhs, sources(fan), fan.pos, fan.group_sizes, l, out_dtype, skip, recipe
+    )
+
+
+def fanned_swiglu_mlp(
+    x, fan: Fan, wi, wo, *, row_weights=None, fp8=True, out_dtype=None, skip_unused_rows=False
+):
+    """The SwiGLU experts on fan_out's rows of x [N, K], summed back per token: gmm_fan_in(act, wo,
+    fan) with act = sluice.swiglu(fanned_gmm(x, fan, wi), fan.group_sizes, row_weights=row_weights)
+    -> [N, N'] (out_dtype, default x's). wi [L, K, 2F] ([gate | up] columns), wo [L, F, N'];
+    row_weights float [M] (each expert row's router weight, applied to its activation), or None.
+    The activation and the SwiGLU's gradient exist only in FP8 (fp8.swiglu_quantize,
+    fp8.swiglu_bwd_quantize). Differentiable in x, wi, wo and row_weights."""
+    recipe, wi, skip = _checked("fanned_swiglu_mlp", fan, wi, fp8, skip_unused_rows)
+    _, wo, _ = _checked("fanned_swiglu_mlp", fan, wo, fp8, skip_unused_rows)
+    x = jnp.asarray(x)
+    n, m = fan.pos.shape[0], fan.rows
+    if x.ndim != 2 or x.shape[0] != n or x.shape[1] != wi.shape[1]:
+        raise ValueError(
+            f"sluice.ep.fanned_swiglu_mlp: x must be [N, K] with N = {n} (the fan's rows) and "
+            f"K = {wi.shape[1]} (wi's), got shape {x.shape}"
+        )
+    if wi.shape[2] % 2 or wo.shape[1] != wi.shape[2] // 2:
+        raise ValueError(
+            f"sluice.ep.fanned_swiglu_mlp: wi must be [L, K, 2F] and wo [L, F, N'], got "
+            f"{wi.shape} and {wo.shape}"
+        )
+    if row_weights is not None:
+        row_weights = jnp.asarray(row_weights)
+        if row_weights.shape != (m,):
+            raise ValueError(
+                f"sluice.ep.fanned_swiglu_mlp: row_weights must be [M] = [{m}] (fan_out's rows), "
+                f"got shape {row_weights.shape}"
+            )
+        row_weights = row_weights.astype(jnp.float32)
+    out_dtype = jnp.dtype(out_dtype or x.dtype)
+    l = fan.num_local_experts
+    return _swiglu_mlp(
+        x, sources(fan), fan.pos, wi, wo, row_weights, fan.group_sizes, l, out_dtype, skip, recipe
     )
