@@ -14,12 +14,12 @@ never written out in bf16 first (sluice.ep's docstring lists them):
   backward computes it (fp8.swiglu_quantize, fp8.swiglu_bwd_quantize): neither the 16-bit
   activation nor its gradient is written.
 
-All three give the compositions' values and gradients bit for bit (fanned_swiglu_mlp's gradient
-in the row weights up to float32 rounding: the GPU sums a row in 128-column parts) (the gathered rows are the same
-values; d out is rounded to ys's dtype first, as fan_in's backward rounds it), and take
-fan_out(..., copy_rows=False)'s layout. A row of x (of d out) is read once per copy; the copies
-of DeepSeek-V3's top-8 were 2 bytes written and 2 read per element on top of the quantization's
-2 read and 2 written.
+All three give the compositions' values and gradients bit for bit: the gathered rows are the same
+values, and d out is rounded to ys's dtype first, as fan_in's backward rounds it. The one
+exception is fanned_swiglu_mlp's gradient in the row weights, equal up to float32 rounding (on a
+GPU a row's sum runs in 128-column parts). All three take fan_out(..., copy_rows=False)'s
+layout. A row of x (of d out) is read once per copy; the copies of DeepSeek-V3's top-8 would be 2
+bytes written and 2 read per element on top of the quantization's 2 read and 2 written.
 """
 
 from __future__ import annotations
