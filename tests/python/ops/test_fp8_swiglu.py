@@ -149,3 +149,19 @@ def test_fanned_swiglu_mlp_is_the_composition(p2):
         ep.fanned_swiglu_mlp(x, fan, wi, wo[:, 1:], fp8=recipe)
     with pytest.raises(ValueError, match=r"row_weights must be \[M\]"):
         ep.fanned_swiglu_mlp(x, fan, wi, wo, row_weights=rw[1:], fp8=recipe)
+
+
+def test_swiglu_quantize_under_vmap_and_jit():
+    """vmap over a batch of blocks (each its own row range) gives each block's own quantization."""
+    hs, ws, das = zip(*(inputs(64, 128, jnp.bfloat16) for _ in range(3)), strict=True)
+    h, w, dact = jnp.stack(hs), jnp.stack(ws), jnp.stack(das)
+    his = jnp.asarray([64, 40, 0], jnp.int32)
+
+    def one(h, w, dact, hi):
+        kw = {"row_range": (0, hi), "pad_rows_to": 16}
+        return fp8.swiglu_quantize(h, w, **kw), fp8.swiglu_bwd_quantize(dact, h, w, **kw)
+
+    got = jax.jit(jax.vmap(one))(h, w, dact, his)
+    for i in range(3):
+        want = one(h[i], w[i], dact[i], his[i])
+        assert_same(jax.tree.map(lambda a, i=i: a[i], got), want)
