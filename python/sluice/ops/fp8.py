@@ -164,6 +164,27 @@ def _pow2_ceil(s, amax):
     return jnp.where((E4M3_MAX * half >= amax) & (half >= SCALE_MIN), half, p)
 
 
+def _rcp_rn(s):
+    """1 / s correctly rounded, for the scales (normal float32 > 0 whose reciprocal is normal; NaN
+    stays NaN), in integer arithmetic: XLA:GPU lowers a float32 division to div.full (it sets
+    -nvptx-prec-divf32=1), up to 2 ulp off, which would move the rule's q by one e4m3 step where
+    x * rcp lies near a rounding boundary. With s = m * 2**(E - 150) (m the 24-bit significand,
+    E the biased exponent), 1 / s = floor(2**47 / m) * 2**(103 - E) plus the remainder's rounding;
+    2**47 / m is a long division in uint32, 8 bits at a time."""
+    bits = jax.lax.bitcast_convert_type(s, jnp.uint32)
+    e = (bits >> 23) & 0xFF
+    m = (bits & 0x7FFFFF) | 0x800000
+    q, r = jnp.uint32(1 << 31) // m, jnp.uint32(1 << 31) % m  # q <= 2**8
+    for _ in range(2):
+        r = r << 8  # r < 2**24
+        q, r = (q << 8) | (r // m), r % m
+    # q = floor(2**47 / m) in (2**23, 2**24]; round to nearest, ties to even
+    q = q + ((2 * r > m) | ((2 * r == m) & ((q & 1) == 1))).astype(jnp.uint32)
+    top = q >= (1 << 24)  # 2**24: m a power of two, or the rounding carried
+    out = jnp.where(top, (254 - e) << 23, ((253 - e) << 23) | (q & 0x7FFFFF))
+    return jnp.where(jnp.isnan(s), s, jax.lax.bitcast_convert_type(out, jnp.float32))
+
+
 def _check_x(op, x):
     x = jnp.asarray(x)
     if x.ndim < 2:
@@ -344,7 +365,7 @@ def _quantize_jnp(x, rr, *, br, bc, power_of_two):
     if power_of_two:
         scale = _pow2_ceil(scale, amax)
     scale = jnp.where(finite, scale, jnp.nan)
-    rcp = 1.0 / scale
+    rcp = _rcp_rn(scale)
     xb = jnp.where(jnp.abs(xb) < SCALE_MIN, 0.0, xb)  # zeros and subnormals as +0
     y = xb * rcp[..., :, None, :, None]
     q = jnp.clip(y, -E4M3_MAX, E4M3_MAX).astype(E4M3)  # XLA's convert rounds to nearest even

@@ -84,6 +84,22 @@ def test_quantize_matches_numpy_model_and_error_bound(shape, block, power_of_two
         assert np.all(np.abs(np.asarray(q, np.float32)) <= 448)
 
 
+def test_scale_reciprocal_is_correctly_rounded():
+    """The jnp rule's 1 / scale (fp8._rcp_rn, integer arithmetic) is the correctly rounded float32
+    reciprocal on every platform (XLA:GPU's own float32 division is div.full, up to 2 ulp off):
+    random normal scales over the rule's range, powers of two, significands at both ends, NaN."""
+    raw = RNG.integers(1 << 23, 247 << 23, size=1 << 20, dtype=np.uint64).astype(np.uint32)
+    edges = [2.0**-126, 1.0, 3.0, 448.0, 1 / 448, np.nextafter(np.float32(2), 0), 3.4e38 / 448]
+    s = np.concatenate(
+        [raw.view(np.float32), np.asarray(edges, np.float32), 2.0 ** np.arange(-126.0, 120.0)]
+    ).astype(np.float32)
+    got = np.asarray(jax.jit(fp8._rcp_rn)(jnp.asarray(s)))
+    # float64's division rounded to float32 is correctly rounded (53 >= 2 * 24 + 2 bits)
+    want = (1.0 / s.astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"SLUICE_TEST_SEED={SEED}")
+    assert np.isnan(np.asarray(fp8._rcp_rn(jnp.float32(np.nan))))
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
 def test_input_dtypes_and_block_amax_maps_to_448(dtype):
     x = scaled_normal((6, 300), dtype, spread=2)
