@@ -26,6 +26,7 @@
 
 #include "fp8_tile.cuh"
 
+namespace sluice_cuda {
 namespace {
 
 __device__ __forceinline__ float load_one(const void *x, sl_dtype t, size_t i) {
@@ -307,7 +308,10 @@ sl_status quantize_rows(const sl_quantize_fp8_desc *d, QArgs a, void *q, void *q
   return launched(op);
 }
 
-} /* namespace */
+}  // namespace
+}  // namespace sluice_cuda
+
+using namespace sluice_cuda;  // the entry points below, in C linkage
 
 extern "C" sl_status sl_quantize_fp8_cuda(const sl_quantize_fp8_desc *d, const void *x,
                                           const int32_t *row_range, void *q, void *q_t,

@@ -13,12 +13,8 @@
 #include "half_pack.cuh"
 #include "swiglu_math.cuh"
 
+namespace sluice_cuda {
 namespace {
-
-using sluice_cuda::bwd1;
-using sluice_cuda::fwd1;
-using sluice_cuda::pack8;
-using sluice_cuda::unpack8;
 
 template <sl_dtype T>
 struct Half; /* the CUDA type of a 16-bit sl_dtype */
@@ -208,7 +204,10 @@ sl_status raise_bwd_smem(const char *op) {
              : sl_set_error(SL_STATUS_CUDA_ERROR, "%s: %s", op, cudaGetErrorString(err));
 }
 
-} /* namespace */
+}  // namespace
+}  // namespace sluice_cuda
+
+using namespace sluice_cuda;  // the entry points below, in C linkage
 
 extern "C" sl_status sl_swiglu_quantize_fp8_cuda(const sl_quantize_fp8_desc *d, const void *h,
                                                  const float *row_weights, const int32_t *row_range,

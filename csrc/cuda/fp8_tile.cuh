@@ -14,6 +14,7 @@
 #include "../core/internal.h"
 #include "sluice.h"
 
+namespace sluice_cuda {
 namespace {
 
 constexpr int kT = 128, kThreads = 256, kLd = kT + 1; /* tile side; smem row stride (floats) */
@@ -346,6 +347,7 @@ inline sl_status launched(const char *op) {
   return SL_STATUS_SUCCESS;
 }
 
-} /* namespace */
+}  // namespace
+}  // namespace sluice_cuda
 
 #endif /* SLUICE_CUDA_FP8_TILE_CUH_ */
