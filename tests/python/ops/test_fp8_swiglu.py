@@ -56,10 +56,19 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-@pytest.mark.parametrize("weighted", [True, False])
-@pytest.mark.parametrize("p2", [False, True])
-@pytest.mark.parametrize("case", CASES)
+# The CPU runs the composition itself, so there a few cases check the op's semantics; a GPU, where
+# the kernels must equal it, runs the whole grid.
+GRID = [
+    (case, p2, weighted, dtype)
+    for case in CASES
+    for p2 in (False, True)
+    for weighted in (True, False)
+    for dtype in (jnp.bfloat16, jnp.float16)
+    if jax.default_backend() != "cpu" or (not p2 and dtype == jnp.bfloat16 and case[1] % 128 == 0)
+]
+
+
+@pytest.mark.parametrize(("case", "p2", "weighted", "dtype"), GRID)
 def test_swiglu_quantize_is_the_composition(case, p2, weighted, dtype):
     r, f, (lo, hi) = case
     h, w, dact = inputs(r, f, dtype)
