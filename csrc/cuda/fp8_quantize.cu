@@ -22,8 +22,6 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include <mutex>
-
 #include "fp8_tile.cuh"
 
 namespace sluice_cuda {
@@ -240,9 +238,6 @@ struct LoadRows {
 };
 
 constexpr size_t kSmemBytes = (size_t)(kT * kLd + 2 * kT) * sizeof(float);
-constexpr int kMaxDevices = 64;
-bool g_smem_raised[kMaxDevices];
-std::mutex g_smem_mutex;
 
 /* The checks both entry points share, the general kernel's shared-memory opt-in, and x's
  * arguments (its pointers are checked by the callers, after zero sizes have returned). */
@@ -250,21 +245,10 @@ sl_status prepare(const sl_quantize_fp8_desc *d, const void *x, const int32_t *r
                   const char *op, QArgs *a) {
   sl_status st = sl_quantize_fp8_check(d, op);
   if (st != SL_STATUS_SUCCESS) return st;
-  if ((d->rows + kT - 1) / kT > INT32_MAX || (d->cols + kT - 1) / kT > 65535 || d->batch > 65535)
-    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
-                        "%s: at most 65535 column tiles of 128 and 65535 problems", op);
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err == cudaSuccess && dev >= 0 && dev < kMaxDevices) {
-    std::lock_guard<std::mutex> lock(g_smem_mutex);
-    if (!g_smem_raised[dev]) {
-      err = cudaFuncSetAttribute(quantize_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)kSmemBytes);
-      if (err == cudaSuccess) g_smem_raised[dev] = true;
-    }
-  }
-  if (err != cudaSuccess)
-    return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: %s", op, cudaGetErrorString(err));
+  if ((st = check_tiles(d, op)) != SL_STATUS_SUCCESS) return st;
+  static SmemOptIn general;
+  if ((st = opt_in_smem(general, (int)kSmemBytes, op, quantize_kernel)) != SL_STATUS_SUCCESS)
+    return st;
   *a = QArgs{};
   a->x = x, a->row_range = row_range;
   a->batch = d->batch, a->rows = d->rows, a->cols = d->cols, a->x_rows = d->x_rows;

@@ -7,8 +7,6 @@
  * activation (gradient) is never written nor read back. Bytes a row, bf16, F the expert width:
  * the forward reads 4F and writes 2F (the two passes: 10F), the backward reads 6F and writes 4F
  * (18F). */
-#include <mutex>
-
 #include "fp8_tile.cuh"
 #include "half_pack.cuh"
 #include "swiglu_math.cuh"
@@ -122,6 +120,16 @@ struct Filled {
 /* The backward: CTA (x, y, z) computes rows [128 x, 128 x + 128) of dh's column tiles y (d gate)
  * and y + F / 128 (d up) of problem z, then quantizes one after the other. */
 constexpr int kBwdSmem = 2 * kT * kT * 2; /* the two 16-bit tiles */
+template <sl_dtype T, bool FULL>
+__device__ __forceinline__ void swiglu_bwd_tiles(const QArgs &a, const SwigluBwdRows &src,
+                                                 uint16_t *tiles, uint2 (*red)[32], BlockScale *sc,
+                                                 BlockScale *sc_row, long long b, long long r0,
+                                                 long long c0, Live range, Live live, unsigned up) {
+  src.fill<T, FULL>(a, tiles, b, r0, c0, range);
+  quantize_tile16<T, kBoth, FULL>(a, Filled{}, tiles, red, sc, sc_row, range, live, blockIdx.y);
+  __syncthreads();
+  quantize_tile16<T, kBoth, FULL>(a, Filled{}, tiles + kT * kT, red, sc, sc_row, range, live, up);
+}
 template <sl_dtype T>
 __global__ void __launch_bounds__(kThreads, 3) swiglu_bwd_tiles_kernel(QArgs a, SwigluBwdRows src) {
   extern __shared__ __align__(16) uint16_t tiles[];
@@ -129,19 +137,11 @@ __global__ void __launch_bounds__(kThreads, 3) swiglu_bwd_tiles_kernel(QArgs a, 
   __shared__ BlockScale sc[kT], sc_row[kT];
   const long long b = blockIdx.z, r0 = (long long)blockIdx.x * kT, c0 = (long long)blockIdx.y * kT;
   const Live range = live_rows(a, b), live{0, a.x_rows};
-  const unsigned up = blockIdx.y + (unsigned)(a.cols / 2 / kT);
-  if (interior(a, r0, c0, range, live)) {
-    src.fill<T, true>(a, tiles, b, r0, c0, range);
-    quantize_tile16<T, kBoth, true>(a, Filled{}, tiles, red, sc, sc_row, range, live, blockIdx.y);
-    __syncthreads();
-    quantize_tile16<T, kBoth, true>(a, Filled{}, tiles + kT * kT, red, sc, sc_row, range, live, up);
-  } else {
-    src.fill<T, false>(a, tiles, b, r0, c0, range);
-    quantize_tile16<T, kBoth, false>(a, Filled{}, tiles, red, sc, sc_row, range, live, blockIdx.y);
-    __syncthreads();
-    quantize_tile16<T, kBoth, false>(a, Filled{}, tiles + kT * kT, red, sc, sc_row, range, live,
-                                     up);
-  }
+  const unsigned up = blockIdx.y + (unsigned)(a.cols / 2 / kT); /* d up's column tile */
+  if (interior(a, r0, c0, range, live))
+    swiglu_bwd_tiles<T, true>(a, src, tiles, red, sc, sc_row, b, r0, c0, range, live, up);
+  else
+    swiglu_bwd_tiles<T, false>(a, src, tiles, red, sc, sc_row, b, r0, c0, range, live, up);
 }
 
 /* The checks and QArgs of both entry points: desc describes the quantized array (the activation,
@@ -163,9 +163,7 @@ sl_status prepare(const sl_quantize_fp8_desc *d, const void *h, const int32_t *r
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "%s: F must be a multiple of %d, got cols %lld (F = %lld)", op, f_align,
                         (long long)d->cols, f);
-  if ((d->rows + kT - 1) / kT > INT32_MAX || (d->cols + kT - 1) / kT > 65535 || d->batch > 65535)
-    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
-                        "%s: at most 65535 column tiles of 128 and 65535 problems", op);
+  if ((st = check_tiles(d, op)) != SL_STATUS_SUCCESS) return st;
   if ((h == NULL && d->x_rows > 0) || (q == NULL && d->x_rows > 0) ||
       (scale == NULL && d->x_rows > 0) || q_t == NULL || scale_t == NULL)
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
@@ -178,30 +176,6 @@ sl_status prepare(const sl_quantize_fp8_desc *d, const void *h, const int32_t *r
   a->batch = d->batch, a->rows = d->rows, a->cols = d->cols, a->x_rows = d->x_rows;
   a->br = 1, a->bc = 128, a->pow2 = d->power_of_two != 0, a->dtype = d->dtype;
   return SL_STATUS_SUCCESS;
-}
-
-constexpr int kMaxDevices = 64;
-bool g_bwd_smem_raised[kMaxDevices];
-std::mutex g_bwd_smem_mutex;
-
-/* The backward kernel's 64 KB of dynamic shared memory, opted into once per device. */
-sl_status raise_bwd_smem(const char *op) {
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err == cudaSuccess && dev >= 0 && dev < kMaxDevices) {
-    std::lock_guard<std::mutex> lock(g_bwd_smem_mutex);
-    if (!g_bwd_smem_raised[dev]) {
-      err = cudaFuncSetAttribute(swiglu_bwd_tiles_kernel<SL_DTYPE_BF16>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kBwdSmem);
-      if (err == cudaSuccess)
-        err = cudaFuncSetAttribute(swiglu_bwd_tiles_kernel<SL_DTYPE_F16>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kBwdSmem);
-      if (err == cudaSuccess) g_bwd_smem_raised[dev] = true;
-    }
-  }
-  return err == cudaSuccess
-             ? SL_STATUS_SUCCESS
-             : sl_set_error(SL_STATUS_CUDA_ERROR, "%s: %s", op, cudaGetErrorString(err));
 }
 
 }  // namespace
@@ -246,7 +220,10 @@ extern "C" sl_status sl_swiglu_bwd_quantize_fp8_cuda(const sl_quantize_fp8_desc 
     return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
                         "%s: row_weights given but drow_weight_parts is NULL", op);
   if (d->rows == 0 || d->cols == 0 || d->batch == 0) return SL_STATUS_SUCCESS;
-  if ((st = raise_bwd_smem(op)) != SL_STATUS_SUCCESS) return st;
+  static SmemOptIn bwd_kernels;
+  st = opt_in_smem(bwd_kernels, kBwdSmem, op, swiglu_bwd_tiles_kernel<SL_DTYPE_BF16>,
+                   swiglu_bwd_tiles_kernel<SL_DTYPE_F16>);
+  if (st != SL_STATUS_SUCCESS) return st;
   const dim3 tiles((unsigned)((d->rows + kT - 1) / kT), (unsigned)(d->cols / 2 / kT),
                    (unsigned)d->batch);
   const SwigluBwdRows src{dact, row_weights, drow_weight_parts};

@@ -11,6 +11,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <mutex>
+
 #include "../core/internal.h"
 #include "sluice.h"
 
@@ -338,6 +340,38 @@ __global__ void __launch_bounds__(kThreads, MODE == kBoth ? 3 : 4)
     quantize_tile16<T, MODE, true>(a, src, tile, red, sc, sc_row, range, live, blockIdx.y);
   else
     quantize_tile16<T, MODE, false>(a, src, tile, red, sc, sc_row, range, live, blockIdx.y);
+}
+
+/* A launch's tiles within CUDA's grid: row tiles in x, column tiles and problems in y and z. */
+inline sl_status check_tiles(const sl_quantize_fp8_desc *d, const char *op) {
+  if ((d->rows + kT - 1) / kT > INT32_MAX || (d->cols + kT - 1) / kT > 65535 || d->batch > 65535)
+    return sl_set_error(SL_STATUS_INVALID_ARGUMENT,
+                        "%s: at most 65535 column tiles of 128 and 65535 problems", op);
+  return SL_STATUS_SUCCESS;
+}
+
+/* Dynamic shared memory above the 48 KB default, opted into once per device for some kernels. */
+struct SmemOptIn {
+  static constexpr int kMaxDevices = 64;
+  bool raised[kMaxDevices] = {};
+  std::mutex mutex;
+};
+template <class... Kernel>
+sl_status opt_in_smem(SmemOptIn &o, int bytes, const char *op, Kernel... kernels) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess && dev >= 0 && dev < SmemOptIn::kMaxDevices) {
+    std::lock_guard<std::mutex> lock(o.mutex);
+    if (!o.raised[dev]) {
+      for (const void *k : {(const void *)kernels...})
+        if (err == cudaSuccess)
+          err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      if (err == cudaSuccess) o.raised[dev] = true;
+    }
+  }
+  if (err != cudaSuccess)
+    return sl_set_error(SL_STATUS_CUDA_ERROR, "%s: %s", op, cudaGetErrorString(err));
+  return SL_STATUS_SUCCESS;
 }
 
 inline sl_status launched(const char *op) {

@@ -288,15 +288,9 @@ def quantize_both(x, *, power_of_two=False, row_range=None, pad_rows_to=1, gathe
     def kernel_path(x, rr, g):
         kw = _vary_kw(x, rr, g)
         call = jax.ffi.ffi_call(
-            "sluice_quantize_fp8_both",
-            (
-                jax.ShapeDtypeStruct((*lead, r, c), E4M3, **kw),
-                jax.ShapeDtypeStruct((*lead, r, -(-c // BLOCK)), jnp.float32, **kw),
-                jax.ShapeDtypeStruct((*lead, c, rp), E4M3, **kw),
-                jax.ShapeDtypeStruct((*lead, -(-rp // BLOCK), c), jnp.float32, **kw),
-            ),
+            "sluice_quantize_fp8_both", _both_shapes(lead, r, c, rp, kw),
             vmap_method="broadcast_all",
-        )
+        )  # fmt: skip
         q, s, qt, st = call(
             x,
             jnp.broadcast_to(rr, (*lead, 2)),
@@ -308,6 +302,17 @@ def quantize_both(x, *, power_of_two=False, row_range=None, pad_rows_to=1, gathe
         return (q, s), (qt, st)
 
     return jax.lax.platform_dependent(x, rr, g, cuda=kernel_path, default=jnp_path)
+
+
+def _both_shapes(lead, r, c, rp, kw):
+    """The results of a both-layouts kernel for an activation [*lead, r, c] whose q_t has rp rows:
+    q, its 1x128 scale, q_t and its 128x1 scale (kw: _vary_kw's)."""
+    return (
+        jax.ShapeDtypeStruct((*lead, r, c), E4M3, **kw),
+        jax.ShapeDtypeStruct((*lead, r, -(-c // BLOCK)), jnp.float32, **kw),
+        jax.ShapeDtypeStruct((*lead, c, rp), E4M3, **kw),
+        jax.ShapeDtypeStruct((*lead, -(-rp // BLOCK), c), jnp.float32, **kw),
+    )
 
 
 def _take_rows(x, idx):

@@ -25,7 +25,7 @@ import numpy as np
 
 from ._lib import register_targets
 from .checks import ShapeError
-from .fp8 import BLOCK, E4M3, _row_range, quantize_both
+from .fp8 import BLOCK, _both_shapes, _row_range, quantize_both
 from .swiglu import swiglu
 from .vma import _vary_kw
 
@@ -73,15 +73,6 @@ def _swiglu_rows(h, w, rr):
     return _outside_zero(act, rr)
 
 
-def _shapes(lead, r, c, rp, kw):
-    return (
-        jax.ShapeDtypeStruct((*lead, r, c), E4M3, **kw),
-        jax.ShapeDtypeStruct((*lead, r, -(-c // BLOCK)), jnp.float32, **kw),
-        jax.ShapeDtypeStruct((*lead, c, rp), E4M3, **kw),
-        jax.ShapeDtypeStruct((*lead, -(-rp // BLOCK), c), jnp.float32, **kw),
-    )
-
-
 def swiglu_quantize(h, row_weights=None, *, row_range=None, power_of_two=False, pad_rows_to=1):
     """The SwiGLU activation of h [R, 2F] (times row_weights [R] where given), rows outside
     row_range zero, in both FP8 layouts: ((q [R, F], scale), (q_t [F, R'], scale_t)) as
@@ -98,7 +89,7 @@ def swiglu_quantize(h, row_weights=None, *, row_range=None, power_of_two=False, 
 
     def kernel_path(h, rr, wz):
         call = jax.ffi.ffi_call(
-            "sluice_swiglu_quantize_fp8", _shapes((), r, f, rp, _vary_kw(h, rr, wz)),
+            "sluice_swiglu_quantize_fp8", _both_shapes((), r, f, rp, _vary_kw(h, rr, wz)),
             vmap_method="sequential",
         )  # fmt: skip
         q, s, qt, st = call(
@@ -147,7 +138,7 @@ def swiglu_bwd_quantize(
             (r, nparts) if w is not None else (0,), jnp.float32, **kw
         )
         call = jax.ffi.ffi_call(
-            "sluice_swiglu_bwd_quantize_fp8", (*_shapes((), r, 2 * f, rp, kw), parts_shape),
+            "sluice_swiglu_bwd_quantize_fp8", (*_both_shapes((), r, 2 * f, rp, kw), parts_shape),
             vmap_method="sequential",
         )  # fmt: skip
         q, s, qt, st, parts = call(

@@ -295,8 +295,7 @@ def fan_in(ys, fan: Fan, *, out_dtype=None, weighted: bool = True):
     ys = jnp.asarray(ys)
     if not isinstance(fan, Fan):
         raise TypeError(f"sluice.ep.fan_in: fan must come from fan_out, got {type(fan)}")
-    n, k = fan.pos.shape
-    m = _fan_rows(n, k, fan.num_local_experts, fan.max_rows)
+    m = fan.rows
     if ys.ndim != 2 or ys.shape[0] != m:
         raise ValueError(
             f"sluice.ep.fan_in: ys must be [M, H] with M = {m} (fan_out's rows), got "

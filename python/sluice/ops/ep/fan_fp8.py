@@ -33,14 +33,13 @@ from ..fp8 import quantize_both, swiglu_bwd_quantize, swiglu_quantize
 from ..gmm import _offset_array
 from ..gmm_fp8 import _local_range, as_recipe, backward_quantized, dy_range, forward_quantized
 from ..vma import match_vma
-from .fan import Fan, _fan_in_call, _fan_rows, _ones
+from .fan import Fan, _fan_in_call, _ones
 
 
 def sources(fan: Fan):
     """int32 [M]: the row of x (fan_out's input) that each row of fan_out's xs copies, -1 for rows
     past the pairs."""
-    n, k = fan.pos.shape
-    m = _fan_rows(n, k, fan.num_local_experts, fan.max_rows)
+    (n, k), m = fan.pos.shape, fan.rows
     pos = fan.pos.reshape(-1)
     rows = jnp.repeat(jnp.arange(n, dtype=jnp.int32), k)
     # pairs left out (pos -1) go to a row past M, dropped (a negative index would wrap)
@@ -183,8 +182,7 @@ def gmm_fan_in(lhs, rhs, fan: Fan, *, fp8=True, out_dtype=None, skip_unused_rows
     Differentiable in lhs and rhs."""
     recipe, rhs, skip = _checked("gmm_fan_in", fan, rhs, fp8, skip_unused_rows)
     lhs = jnp.asarray(lhs)
-    n, k = fan.pos.shape
-    m = _fan_rows(n, k, fan.num_local_experts, fan.max_rows)
+    m = fan.rows
     if lhs.ndim != 2 or lhs.shape[0] != m or lhs.shape[1] != rhs.shape[1]:
         raise ValueError(
             f"sluice.ep.gmm_fan_in: lhs must be [M, K] with M = {m} (fan_out's rows) and "
