@@ -59,7 +59,8 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
   float *rc = sc + kT;
   __shared__ float red_amax[kThreads / 32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const long long b = blockIdx.z, r0 = (long long)blockIdx.x * kT, c0 = (long long)blockIdx.y * kT;
+  const TileAt t = tile_at(a);
+  const long long b = blockIdx.z, rt = t.rt, r0 = rt * kT, c0 = (long long)t.ct * kT;
   const long long R = a.rows, C = a.cols;
   const Live live = live_rows(a, b);
   const size_t es = a.dtype == SL_DTYPE_F32 ? 4 : 2;
@@ -120,11 +121,11 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
   float *sb =
       a.scale + (size_t)b * (a.br == 1 ? R : (R + 127) / 128) * (a.bc == 1 ? C : (C + 127) / 128);
   if (a.br == 1) {
-    if (tid < kT && r0 + tid < R) sb[(size_t)(r0 + tid) * ((C + 127) / 128) + blockIdx.y] = sc[tid];
+    if (tid < kT && r0 + tid < R) sb[(size_t)(r0 + tid) * ((C + 127) / 128) + t.ct] = sc[tid];
   } else if (a.bc == 1) {
-    if (tid < kT && c0 + tid < C) sb[(size_t)blockIdx.x * C + c0 + tid] = sc[tid];
+    if (tid < kT && c0 + tid < C) sb[(size_t)rt * C + c0 + tid] = sc[tid];
   } else if (tid == 0) {
-    sb[(size_t)blockIdx.x * ((C + 127) / 128) + blockIdx.y] = sc[0];
+    sb[(size_t)rt * ((C + 127) / 128) + t.ct] = sc[0];
   }
 
   /* q [rows, cols]: 16 bytes of a row per step */
@@ -172,16 +173,16 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(QArgs a) {
 }
 
 /* 1 x 128 blocks written row-major: 16 lanes per block (16 bytes a lane), each half-warp 4 rows,
- * all 4 loads in flight before their use; CTA (x, y, z) takes rows [64 x, 64 x + 64) of column
- * block y of problem z. */
+ * all 4 loads in flight before their use; a CTA takes 64 rows of one column block of problem
+ * blockIdx.z (tile_at, whole rows where they fit). */
 constexpr int kRowsPerHalf = 4, kRowsPerCta = kRowsPerHalf * 2 * (kThreads / 32);
 template <sl_dtype T>
 __global__ void __launch_bounds__(kThreads) quantize_rows16_kernel(QArgs a) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hl = lane & 15;
   const long long R = a.rows, C = a.cols, nbc = (C + 127) / 128, b = blockIdx.z;
-  const long long r0 =
-      (long long)blockIdx.x * kRowsPerCta + (warp * 2 + (lane >> 4)) * kRowsPerHalf;
-  const long long c = (long long)blockIdx.y * 128 + hl * 8;
+  const TileAt t = tile_at(a);
+  const long long r0 = t.rt * kRowsPerCta + (warp * 2 + (lane >> 4)) * kRowsPerHalf;
+  const long long c = (long long)t.ct * 128 + hl * 8;
   const uint16_t *xb = (const uint16_t *)a.x + (size_t)b * a.x_rows * C;
   const Live live = live_rows(a, b);
   uint4 v[kRowsPerHalf];
@@ -200,7 +201,7 @@ __global__ void __launch_bounds__(kThreads) quantize_rows16_kernel(QArgs a) {
     for (int o = 8; o > 0; o >>= 1) m = __vmaxu2(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (r >= R) continue;
     const BlockScale bs = make_scale(amax_of<T>(max_halves(m)), a.pow2);
-    if (hl == 0) a.scale[((size_t)b * R + r) * nbc + blockIdx.y] = bs.s;
+    if (hl == 0) a.scale[((size_t)b * R + r) * nbc + t.ct] = bs.s;
     if (c >= C) continue;
     const uint2 o =
         make_uint2(q4<T>(v[u].x, v[u].y, bs, bs, bs, bs), q4<T>(v[u].z, v[u].w, bs, bs, bs, bs));
@@ -270,15 +271,15 @@ sl_status quantize_rows(const sl_quantize_fp8_desc *d, QArgs a, void *q, void *q
                         cudaStream_t s, const char *op) {
   a.q = (uint8_t *)q, a.qt = (uint8_t *)q_t, a.scale = scale;
   const bool fast = fast16(a, q, q_t), bf16 = a.dtype == SL_DTYPE_BF16;
-  const unsigned col_tiles = (unsigned)((d->cols + kT - 1) / kT), B = (unsigned)d->batch;
-  const dim3 tiles((unsigned)((d->rows + kT - 1) / kT), col_tiles, B);
+  const long long col_tiles = (d->cols + kT - 1) / kT, row_tiles = (d->rows + kT - 1) / kT;
   if (fast && a.br == 1 && a.qt == nullptr && !a.gather) {
-    const dim3 grid((unsigned)((d->rows + kRowsPerCta - 1) / kRowsPerCta), col_tiles, B);
+    const dim3 grid = tile_grid(a, (d->rows + kRowsPerCta - 1) / kRowsPerCta, col_tiles, true);
     if (bf16)
       quantize_rows16_kernel<SL_DTYPE_BF16><<<grid, kThreads, 0, s>>>(a);
     else
       quantize_rows16_kernel<SL_DTYPE_F16><<<grid, kThreads, 0, s>>>(a);
   } else if (fast && a.br == 128 && (a.bc == 1 || !a.gather)) {
+    const dim3 tiles = tile_grid(a, row_tiles, col_tiles, a.bc != 1 && !a.gather);
     if (a.bc == 1)
       bf16
           ? quantize_tile16_kernel<SL_DTYPE_BF16, kPerCol><<<tiles, kThreads, 0, s>>>(a, LoadRows{})
@@ -287,6 +288,7 @@ sl_status quantize_rows(const sl_quantize_fp8_desc *d, QArgs a, void *q, void *q
       bf16 ? quantize_tile16_kernel<SL_DTYPE_BF16, kWhole><<<tiles, kThreads, 0, s>>>(a, LoadRows{})
            : quantize_tile16_kernel<SL_DTYPE_F16, kWhole><<<tiles, kThreads, 0, s>>>(a, LoadRows{});
   } else {
+    const dim3 tiles = tile_grid(a, row_tiles, col_tiles, false);
     quantize_kernel<<<tiles, kThreads, kSmemBytes, s>>>(a);
   }
   return launched(op);
@@ -346,8 +348,7 @@ extern "C" sl_status sl_quantize_fp8_both_cuda(const sl_quantize_fp8_desc *d, co
     return st != SL_STATUS_SUCCESS ? st : quantize_rows(&dt, at, NULL, q_t, scale_t, s, op);
   }
   a.q = (uint8_t *)q, a.qt = (uint8_t *)q_t, a.scale = scale, a.scale_t = scale_t;
-  const dim3 tiles((unsigned)((d->rows + kT - 1) / kT), (unsigned)((d->cols + kT - 1) / kT),
-                   (unsigned)d->batch);
+  const dim3 tiles = tile_grid(a, (d->rows + kT - 1) / kT, (d->cols + kT - 1) / kT, !gather);
   if (a.dtype == SL_DTYPE_BF16)
     quantize_tile16_kernel<SL_DTYPE_BF16, kBoth><<<tiles, kThreads, 0, s>>>(a, LoadRows{});
   else
