@@ -260,6 +260,10 @@ def main(lib_path, only=None):
         (1, 2048, 2048, 1024, (1, 128), 0, SL_BF16, 1.0, False),
         (1, 2048, 2048, 1024, (128, 1), 0, SL_BF16, 1.0, False),
         (1, 1024, 1024, 1024, (128, 128), 0, SL_BF16, 1.0, False),
+        # more row tiles than the grid's y holds (65535 of 128 rows, and of the row kernel's 64):
+        # the kernels that run in whole rows fall back to column stripes
+        (1, 65538 * 128, 65538 * 128, 8, (1, 128), 0, SL_BF16, 1.0, False),
+        (1, 65538 * 128, 65538 * 128, 16, (128, 128), 1, SL_BF16, 1.0, False),
     ]
     for b, xr, rows, c, (br, bc), pow2, dt, frac, specials in cases if only != "swiglu" else ():
         x, xt = make_x(rng, b, xr, c, dt, specials)
