@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
+import importlib.util
 import json
 import os
 import statistics
@@ -26,54 +27,24 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from shapes import DISTRIBUTIONS, group_sizes, select_shapes
 
-SL_DTYPE_BF16 = 1
 JIT_CALLS = 8  # sluice calls per jit program in the JAX part
 
 
-class GmmDesc(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("batch", ctypes.c_int64),
-        ("m", ctypes.c_int64),
-        ("k", ctypes.c_int64),
-        ("n", ctypes.c_int64),
-        ("num_groups", ctypes.c_int64),
-        ("num_local_groups", ctypes.c_int64),
-        ("lhs_dtype", ctypes.c_int),
-        ("rhs_dtype", ctypes.c_int),
-        ("out_dtype", ctypes.c_int),
-        ("transpose_rhs", ctypes.c_int),
-        ("skip_unused_rows", ctypes.c_int),
-    ]
+def _c_structs():
+    """python/sluice/ops/c_structs.py, loaded by its path: the harnesses run without the package."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "sluice", "ops")
+    spec = importlib.util.spec_from_file_location(
+        "sluice_c_structs", os.path.join(path, "c_structs.py")
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-# sl_quantize_fp8_desc, for the FP8 harnesses (bench_fp8.py, tests/gpu/test_quantize_fp8.py); like
-# GmmDesc, checked against the header by tests/python/ops/test_c_mirrors.py
-class QuantDesc(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("batch", ctypes.c_int64),
-        ("rows", ctypes.c_int64),
-        ("cols", ctypes.c_int64),
-        ("x_rows", ctypes.c_int64),
-        ("dtype", ctypes.c_int),
-        ("block_rows", ctypes.c_int),
-        ("block_cols", ctypes.c_int),
-        ("power_of_two", ctypes.c_int),
-        ("src_rows", ctypes.c_int64),
-    ]
-
-
-# sl_swiglu_desc, for the FP8 SwiGLU harnesses (as QuantDesc; also checked by test_c_mirrors.py)
-class SwigluDesc(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("rows", ctypes.c_int64),
-        ("ff", ctypes.c_int64),
-        ("num_groups", ctypes.c_int64),
-        ("dtype", ctypes.c_int),
-        ("skip_unused_rows", ctypes.c_int),
-    ]
+# the C API's descriptors, for this file, bench_fp8.py and tests/gpu/test_quantize_fp8.py
+_C = _c_structs()
+GmmDesc, QuantDesc, SwigluDesc = _C.GmmDesc, _C.QuantDesc, _C.SwigluDesc
+SL_DTYPE_BF16 = _C.DTYPE_CODES["bfloat16"]
 
 
 def time_cuda(fns, iters, warmup=3, info=None, mode="queued", flush_l2=True):

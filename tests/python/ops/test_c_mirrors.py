@@ -1,5 +1,5 @@
-"""The ctypes mirrors of include/sluice.h's descriptor structs (sluice.ops.capi's, and the
-benchmarks') against the header: the same fields in the same order, at the offsets and sizes the C
+"""The ctypes mirrors of include/sluice.h's descriptor structs (sluice.ops.c_structs, which
+sluice.ops.capi and the harnesses in bench/ and tests/gpu/ use) against the header: the same fields in the same order, at the offsets and sizes the C
 compiler gives them, and the enum values they copy. A field added to the header and not to a mirror,
 or one whose type changed, fails here instead of reaching a C entry point as a wrong value."""
 
@@ -11,7 +11,7 @@ import shutil
 import subprocess
 
 import pytest
-from sluice.ops import capi
+from sluice.ops import c_structs, capi
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 HEADER = ROOT / "include" / "sluice.h"
@@ -28,20 +28,20 @@ def _bench_gmm():
 
 BENCH_GMM = _bench_gmm()
 MIRRORS = [
-    ("sl_gmm_desc", capi.GmmDesc),
-    ("sl_gmm_desc", BENCH_GMM.GmmDesc),
-    ("sl_quantize_fp8_desc", BENCH_GMM.QuantDesc),
-    ("sl_swiglu_desc", BENCH_GMM.SwigluDesc),
-    ("sl_swiglu_desc", capi.SwigluDesc),
-    ("sl_ep_comm_desc", capi.EpCommDesc),
-    ("sl_ep_desc", capi.EpDesc),
-    ("sl_ep_fan_desc", capi.EpFanDesc),
+    ("sl_gmm_desc", c_structs.GmmDesc),
+    ("sl_quantize_fp8_desc", c_structs.QuantDesc),
+    ("sl_swiglu_desc", c_structs.SwigluDesc),
+    ("sl_ep_comm_desc", c_structs.EpCommDesc),
+    ("sl_ep_desc", c_structs.EpDesc),
+    ("sl_ep_fan_desc", c_structs.EpFanDesc),
 ]
+DTYPE_NAMES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "int32": "I32"}
+DTYPE_NAMES["float8_e4m3fn"] = "F8E4M3"
 CONSTANTS = {  # the C name -> the value a mirror uses
-    "SL_DTYPE_BF16": BENCH_GMM.SL_DTYPE_BF16,
+    **{f"SL_DTYPE_{DTYPE_NAMES[k]}": v for k, v in c_structs.DTYPE_CODES.items()},
     **{
         f"SL_EP_TRANSPORT_{'PEER' if k == 'nvlink' else k.upper()}": v
-        for k, v in capi.EP_TRANSPORTS.items()
+        for k, v in c_structs.EP_TRANSPORTS.items()
     },
 }
 
@@ -106,3 +106,12 @@ def test_header_parser_sees_every_member():
     assert header_fields("sl_ep_comm_desc")[5] == "device_ordinals"
     assert header_fields("sl_gmm_desc")[-1] == "skip_unused_rows"
     assert header_fields("sl_ep_fan_desc")[-2:] == ["max_rows", "skip_unused_rows"]
+
+
+def test_capi_and_harnesses_use_these_mirrors():
+    # capi re-exports the module's classes; bench_gmm.py loads the same file by its path
+    for name in ("GmmDesc", "QuantDesc", "SwigluDesc", "EpCommDesc", "EpDesc", "EpFanDesc"):
+        assert getattr(capi, name) is getattr(c_structs, name)
+    for name in ("GmmDesc", "QuantDesc", "SwigluDesc"):
+        assert getattr(BENCH_GMM, name)._fields_ == getattr(c_structs, name)._fields_
+    assert BENCH_GMM.SL_DTYPE_BF16 == c_structs.DTYPE_CODES["bfloat16"]
