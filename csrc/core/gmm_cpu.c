@@ -21,7 +21,7 @@
 /* MR x NR: the block of C the micro-kernel keeps in registers, MR rows of NR = 16 floats: 16 zmm
  * accumulators with AVX-512 (32 registers), 16 ymm with AVX2 or less (16 registers): enough
  * independent FMA chains to cover their latency on two FMA ports. Against 4 x 16 (8 or 4 vectors
- * of accumulators) 1.6-2x faster on a 2-core AVX-512 Xeon (bench/results/cpu-gmm-20261126.md). */
+ * of accumulators) 1.6-2x faster on a 2-core AVX-512 Xeon (bench/results/gmm-cpu.md). */
 #if defined(__AVX512F__)
 enum { MR = 16 };
 #else
