@@ -259,7 +259,7 @@ int main(int argc, char **argv) {
                           {"dsv3-down-ep8", 32768, 32, 2048, 7168},
                           {"mixtral-up", 16384, 8, 4096, 14336},
                           {"qwen3-30b-up", 65536, 128, 2048, 1536},
-                          /* the dsv3-proxy MoE layer's expert matmuls (bench/shapes.py) */
+                          /* the dsv3-proxy MoE layer's expert matmuls (tests/shapes.py) */
                           {"dsv3proxy-gateup", 131072, 256, 1024, 512, true},
                           {"dsv3proxy-down", 131072, 256, 256, 1024, true},
                           /* the same with 512 experts */
@@ -280,7 +280,7 @@ int main(int argc, char **argv) {
    * with HARNESS_NOCHECK=1 (no correctness pass) for a profiler: each version then runs 2 warm-up
    * + reps calls per case, in the listed order. */
   const char *only_shapes = getenv("HARNESS_SHAPES"), *only_modes = getenv("HARNESS_MODES");
-  /* set but empty (bench/run_1gpu.sh's HARNESS spec without shapes): no filter */
+  /* set but empty (HARNESS_SHAPES= or HARNESS_MODES= with nothing named): no filter */
   if (only_shapes && !*only_shapes) only_shapes = nullptr;
   if (only_modes && !*only_modes) only_modes = nullptr;
   const int reps = getenv("HARNESS_REPS") ? atoi(getenv("HARNESS_REPS")) : 25;
