@@ -35,8 +35,13 @@ MIRRORS = [
     ("sl_ep_desc", c_structs.EpDesc),
     ("sl_ep_fan_desc", c_structs.EpFanDesc),
 ]
-DTYPE_NAMES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "int32": "I32"}
-DTYPE_NAMES["float8_e4m3fn"] = "F8E4M3"
+DTYPE_NAMES = {  # sl_dtype's C names, by the names DTYPE_CODES uses
+    "float32": "F32",
+    "bfloat16": "BF16",
+    "float16": "F16",
+    "int32": "I32",
+    "float8_e4m3fn": "F8E4M3",
+}
 CONSTANTS = {  # the C name -> the value a mirror uses
     **{f"SL_DTYPE_{DTYPE_NAMES[k]}": v for k, v in c_structs.DTYPE_CODES.items()},
     **{
