@@ -26,9 +26,10 @@
  *         and 128 columns. The per-element scale makes tgmm's promotion twice gmm's work,
  *         and its two consumer warpgroups take turns issuing their wgmmas (turn_wait).
  * Tiles go to CTAs by a fixed stride; the producer and the consumers decode each tile from the
- * group table (gmm_common.cuh) themselves. A bf16 output is staged in shared memory (stmatrix) for
- * TMA stores that overlap the next tile; a gmm half that crosses its group's end, and f32 outputs,
- * are stored from registers, masked. */
+ * group table (gmm_common.cuh) themselves. A bf16 output, and tgmm's f32 output on 256-column tiles
+ * (in two passes), are staged in shared memory for TMA stores that overlap the next tile; a gmm
+ * half that crosses its group's end, and the other f32 outputs, are stored from registers,
+ * masked. */
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -338,6 +339,32 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         bulk_commit();
       }
+    } else if (WGRAD && NSUB == 2 && a.out_dtype == SL_DTYPE_F32) {
+      /* f32 (tgmm on 256-column tiles): the half in two passes of 128 columns, each staged as four
+       * 64 x 32 boxes for TMA stores, the second after the first's store has read the buffer, so
+       * that the tile's stores overlap the next tile's k-blocks */
+      const uint32_t cbase = c_smem + cw * (S::kCBytes / 2);
+      const auto &t128 = *reinterpret_cast<const float(*)[128]>(&total[0]);
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        if (lt == 0) bulk_wait_read0();
+        named_bar(2 + cw, 128);
+        if (p == 0)
+          stage_f32<0, 16, BOX_BYTES>(t128, cbase, warp, lane);
+        else
+          stage_f32<16, 32, BOX_BYTES>(t128, cbase, warp, lane);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        named_bar(2 + cw, 128);
+        if (lt == 0) {
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const int col = d.n0 + 128 * p + 32 * b;
+            if (col >= N) break;
+            tma_store_3d(&map_c, cbase + b * BOX_BYTES, col, row0, d.j);
+          }
+          bulk_commit();
+        }
+      }
     } else if (WGRAD) {
       const size_t es = a.out_dtype == SL_DTYPE_F32 ? 4 : 2;
       store_half_regs(total, (char *)a.out + (size_t)d.j * K * N * es, a.out_dtype, N, row0, d.n0,
@@ -389,6 +416,12 @@ sl_status launch(const Fp8Args &fa, int sms, cudaStream_t stream) {
          make_map(&m[1], a.rhs, SL_DTYPE_F8E4M3, 2, db, sb, box_b) &&
          scale_map(&m[3], fa.sa, K, (M + 127) / 128, kBM) &&
          scale_map(&m[4], fa.sb, N, (M + 127) / 128, S::kBN);
+  }
+  if (ok && WGRAD && NSUB == 2 && a.out_dtype == SL_DTYPE_F32) {
+    /* f32 weight gradients, staged as 64 x 32 boxes (tgmm on 256-column tiles) */
+    const uint32_t box_c[3] = {32, 64, 1};
+    const uint64_t dc[3] = {N, K, GL}, sc[2] = {N * 4, K * N * 4};
+    ok = make_map(&m[2], a.out, SL_DTYPE_F32, 3, dc, sc, box_c);
   }
   if (ok && a.out_dtype == SL_DTYPE_BF16) {
     const uint32_t box_c[3] = {64, 64, 1};

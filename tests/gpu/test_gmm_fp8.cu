@@ -2,19 +2,20 @@
  * operands, and their speed beside the BF16 kernels on the same problems.
  *
  *   tests/gpu/run.sh runs it plain, under compute-sanitizer (--quick) and on 3 SMs.
- *   ./test_gmm_fp8 [--quick] [--sms N] [--bench] [--no-test]
+ *   ./test_gmm_fp8 [--quick] [--sms N] [--bench [--f32]] [--no-test]
  *
  * Every case draws fresh random e4m3 operands (every finite value, NaN excluded) and f32 scales,
  * poisons the output with 0xFF bytes (NaN in bf16 and f32) so unwritten elements fail, and checks
  * ||out - ref|| / ||ref|| (< 1e-2 for a bf16 output, < 2e-3 for f32: the FP8 wgmma's own
  * accumulation inside a 128-long block is shorter than f32's), every element finite, and gmm's rows
  * outside the local groups exactly zero. The cases cover both tile widths (N <= 128 and wider),
- * ragged N, K not a multiple of 128, ragged group edges inside a tile and across tgmm's 128-row
+ * both output types (tgmm's f32 on wide tiles is staged for TMA stores, elsewhere stored from
+ * registers), ragged N, K not a multiple of 128, ragged group edges inside a tile and across tgmm's 128-row
  * scale blocks, empty groups, group_offset, skip_unused_rows and batch.
  *
  * --bench times gmm_fp8 and the BF16 gmm (sl_gmm_cuda) on DeepSeek-V3 expert shapes and DeepGEMM's
  * published grouped shapes, and tgmm_fp8 against the BF16 tgmm, in TFLOP/s (calls queued back to
- * back, CUDA events, median of 5 runs of 10 calls). */
+ * back, CUDA events, median of 5 runs of 10 calls); bf16 outputs, or f32 with --f32. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -211,6 +212,8 @@ static double time_ms(F f, int calls = 10) {
   return ms[2];
 }
 
+static bool bench_f32 = false; /* --f32: outputs in f32 (an MoE layer's float32 weight gradients) */
+
 static void bench(const char *name, int tgmm, int G, int rows, int K, int N, bool skew) {
   std::vector<int> sizes(G, rows);
   if (skew)
@@ -221,7 +224,7 @@ static void bench(const char *name, int tgmm, int G, int rows, int K, int N, boo
   const int KB = (K + 127) / 128, NB = (N + 127) / 128, MB = (int)(Mp / 128);
   sl_gmm_desc d = sl_gmm_desc_default();
   d.m = Mp, d.k = K, d.n = N, d.num_groups = G, d.num_local_groups = G;
-  d.out_dtype = SL_DTYPE_BF16;
+  d.out_dtype = bench_f32 ? SL_DTYPE_F32 : SL_DTYPE_BF16;
   void *lhs, *rhs, *ls, *rs, *out, *gs, *ws, *lhs16, *rhs16;
   CUDA_OK(cudaMalloc(&lhs, (size_t)Mp * K));
   CUDA_OK(cudaMalloc(&rhs, tgmm ? (size_t)Mp * N : (size_t)G * N * K));
@@ -229,7 +232,7 @@ static void bench(const char *name, int tgmm, int G, int rows, int K, int N, boo
   CUDA_OK(cudaMalloc(&rhs16, tgmm ? (size_t)Mp * N * 2 : (size_t)G * N * K * 2));
   CUDA_OK(cudaMalloc(&ls, (size_t)Mp * KB * 4 + (size_t)MB * K * 4));
   CUDA_OK(cudaMalloc(&rs, (size_t)G * NB * KB * 4 + (size_t)MB * N * 4));
-  CUDA_OK(cudaMalloc(&out, tgmm ? (size_t)G * K * N * 2 : (size_t)Mp * N * 2));
+  CUDA_OK(cudaMalloc(&out, tgmm ? (size_t)G * K * N * 4 : (size_t)Mp * N * 4));
   CUDA_OK(cudaMemset(lhs, 0x38, (size_t)Mp * K)); /* 1.0 in e4m3 */
   CUDA_OK(cudaMemset(rhs, 0x38, tgmm ? (size_t)Mp * N : (size_t)G * N * K));
   CUDA_OK(cudaMemset(lhs16, 0x3F, (size_t)Mp * K * 2));
@@ -269,6 +272,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[i], "--quick")) quick = true;
     if (!strcmp(argv[i], "--bench")) do_bench = true;
     if (!strcmp(argv[i], "--no-test")) test = false;
+    if (!strcmp(argv[i], "--f32")) bench_f32 = true;
     if (!strcmp(argv[i], "--sms") && i + 1 < argc) sluice_cuda::gmm_set_grid_cap(atoi(argv[++i]));
   }
   const sl_dtype BF = SL_DTYPE_BF16, F32 = SL_DTYPE_F32;
@@ -288,6 +292,9 @@ int main(int argc, char **argv) {
       {"tgmm empty groups", 1, 336, 128, 256, 5, 5, 0, 1, {0, 5, 0, 300, 0}, BF, 0},
       {"tgmm offset", 1, 512, 256, 128, 6, 2, 3, 1, {}, BF, 0},
       {"tgmm batch 2", 1, 272, 128, 128, 3, 3, 0, 2, {}, BF, 0},
+      {"tgmm K384 N512 f32 staged", 1, 608, 384, 512, 4, 4, 0, 1, {}, F32, 0},
+      {"tgmm K132 N264 f32 staged, offset", 1, 272, 132, 264, 3, 2, 1, 1, {}, F32, 0},
+      {"tgmm f32 staged, batch 2", 1, 272, 256, 384, 3, 3, 0, 2, {}, F32, 0},
   };
   for (const Case &c : cases) {
     if (!test) break;
@@ -307,6 +314,9 @@ int main(int argc, char **argv) {
     bench("dsv3-gateup", 1, 32, 1024, 7168, 4096, false);
     bench("dsv3-down", 1, 32, 1024, 2048, 7168, false);
     bench("qwen3-gateup", 1, 128, 256, 2048, 1536, false);
+    bench("dsv3-1gpu-gateup", 1, 64, 512, 7168, 4096, false);
+    bench("dsv3-1gpu-down", 1, 64, 512, 2048, 7168, false);
+    bench("deepgemm-4x8192", 1, 4, 8192, 7168, 4096, false);
   }
   return failures ? 1 : 0;
 }
