@@ -49,7 +49,7 @@ static XLA_FFI_Error *read_x(XLA_FFI_CallFrame *f, const char *op, int64_t rows,
   if (x->rank < 2) return bad(f, op, "x must have rank >= 2 ([..., rows, cols])");
   const int nb = (int)x->rank - 2;
   *d = (sl_quantize_fp8_desc){sizeof(sl_quantize_fp8_desc), 1, rows, x->dims[nb + 1], x->dims[nb],
-                              SL_DTYPE_F32, br, bc, (int)(pow2 != 0)};
+                              SL_DTYPE_F32, br, bc, (int)(pow2 != 0), 0};
   for (int i = 0; i < nb; ++i) d->batch *= x->dims[i];
   if (!sl_ffi_dtype(x->dtype, &d->dtype) || d->dtype == SL_DTYPE_I32 ||
       d->dtype == SL_DTYPE_F8E4M3)
@@ -154,7 +154,7 @@ static XLA_FFI_Error *handle_swiglu(XLA_FFI_CallFrame *f, int on_cuda, int bwd) 
   const int nb = (int)h->rank - 2;
   const int64_t xr = h->dims[nb], ff = h->dims[nb + 1] / 2, cols = bwd ? 2 * ff : ff;
   sl_quantize_fp8_desc d = {sizeof(sl_quantize_fp8_desc), 1, rows, cols, xr, SL_DTYPE_F32, 1,
-                            128, (int)(pow2 != 0)};
+                            128, (int)(pow2 != 0), 0};
   for (int i = 0; i < nb; ++i) d.batch *= h->dims[i];
   if (!sl_ffi_dtype(h->dtype, &d.dtype) || (d.dtype != SL_DTYPE_BF16 && d.dtype != SL_DTYPE_F16))
     return bad(f, op, "h must be bfloat16 or float16");
