@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from ..ops import ep
-from ..ops.fp8 import Recipe
+from ..ops.fp8 import Fp8Weight, Recipe
 from ..ops.gmm import gmm as sluice_gmm
 from ..ops.swiglu import swiglu as sluice_swiglu
 from ..ops.vma import match_vma
@@ -62,6 +62,8 @@ class ExpertMatmul:
         return self.sluice and self.fp8 is not None
 
     def __call__(self, lhs, rhs, group_sizes):
+        if isinstance(rhs, Fp8Weight):  # (only sluice.ep's fanned FP8 calls take these)
+            raise TypeError("ExpertMatmul: an fp8.Fp8Weight needs the fanned FP8 expert block")
         if not self.sluice:
             return jax.lax.ragged_dot(lhs, rhs.astype(lhs.dtype), group_sizes)
         return sluice_gmm(

@@ -60,7 +60,8 @@ float32, scaled by the two blocks' scales; it differs from the reference by floa
 
 The ops (gmm_fp8.py, part of this namespace): `gmm` and `tgmm` take quantized operands with the
 references' signatures and run the FP8 kernels (CPU and CUDA); `Recipe` configures the
-differentiable FP8 path for unquantized operands, `sluice.gmm(lhs, rhs, group_sizes, fp8=Recipe())`.
+differentiable FP8 path for unquantized operands, `sluice.gmm(lhs, rhs, group_sizes, fp8=Recipe())`;
+`prequantize(w)` quantizes weights once for several of sluice.ep's FP8 expert calls (`Fp8Weight`).
 """
 
 from __future__ import annotations
@@ -104,10 +105,12 @@ __all__ = [
     "RCP_MAX",
     "SCALE_MIN",
     "WEIGHT",
+    "Fp8Weight",
     "Recipe",
     "dequantize",
     "gmm",
     "gmm_fp8_reference",
+    "prequantize",
     "quantize",
     "quantize_act",
     "quantize_both",
@@ -577,4 +580,4 @@ def tgmm_fp8_reference(
 # on quantized operands and the Recipe of sluice.gmm(..., fp8=...) (gmm_fp8.py); the SwiGLU's
 # activation and gradient quantized as they are computed (fp8_swiglu.py).
 from .fp8_swiglu import swiglu_bwd_quantize, swiglu_quantize
-from .gmm_fp8 import Recipe, gmm, tgmm
+from .gmm_fp8 import Fp8Weight, Recipe, gmm, prequantize, tgmm

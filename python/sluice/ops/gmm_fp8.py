@@ -65,6 +65,94 @@ class Recipe:
     power_of_two_scales: bool = False
 
 
+class Fp8Weight:
+    """Weights quantized ahead of the FP8 matmuls that use them (`prequantize`), for a caller that
+    multiplies the same weights several times, e.g. once per micro-batch of a step: the FP8 paths
+    that take a weight (`sluice.ep.fanned_gmm`, `gmm_fan_in`, `fanned_swiglu_mlp`) take an
+    Fp8Weight in its place and use its two layouts instead of quantizing the weights in every call.
+    Their gradient in it is the gradient in `value` (the quantized layouts get none: they are held
+    as integer bit patterns, so autodiff gives them float0 zeros that are never materialised).
+
+    A pytree: value (the weights, [G, K, N] float), q_bits / q_t_bits (uint8: the e4m3 layouts of
+    fp8.quantize_weight's "both", [G, K, N] and [G, N, K]), scale_bits / scale_t_bits (uint32: their
+    float32 scales), and power_of_two (static: the Recipe's power_of_two_scales, which the paths
+    check against their own Recipe). shape, ndim and dtype are value's."""
+
+    def __init__(self, value, q_bits, scale_bits, q_t_bits, scale_t_bits, power_of_two=False):
+        self.value, self.q_bits, self.scale_bits = value, q_bits, scale_bits
+        self.q_t_bits, self.scale_t_bits, self.power_of_two = q_t_bits, scale_t_bits, power_of_two
+
+    shape = property(lambda self: self.value.shape)
+    ndim = property(lambda self: self.value.ndim)
+    dtype = property(lambda self: self.value.dtype)
+
+    def __getitem__(self, key):
+        if key is Ellipsis:  # nnx.Param[...]: the whole value
+            return self
+        raise TypeError("sluice.fp8.Fp8Weight: only w[...] indexes an Fp8Weight")
+
+    def layouts(self):
+        """((q [G, K, N], scale), (q_t [G, N, K], scale_t)) as fp8.quantize_weight's "both"."""
+        e4m3 = lambda b: jax.lax.bitcast_convert_type(b, E4M3)
+        f32 = lambda b: jax.lax.bitcast_convert_type(b, jnp.float32)
+        q, q_t = e4m3(self.q_bits), e4m3(self.q_t_bits)
+        return (q, f32(self.scale_bits)), (q_t, f32(self.scale_t_bits))
+
+
+jax.tree_util.register_pytree_node(
+    Fp8Weight,
+    lambda w: ((w.value, w.q_bits, w.scale_bits, w.q_t_bits, w.scale_t_bits), w.power_of_two),
+    lambda p2, leaves: Fp8Weight(*leaves, power_of_two=p2),
+)
+
+
+def prequantize(w, fp8=True) -> Fp8Weight:
+    """w [G, K, N] (float) with its FP8 layouts by `fp8` (True or a Recipe), as an Fp8Weight for
+    the FP8 paths to use in w's place. The quantization is not differentiated (the gradient in an
+    Fp8Weight goes to its value). Under shard_map, quantize each shard where the weights are split
+    only along G."""
+    recipe = as_recipe(fp8, "sluice.fp8.prequantize")
+    if recipe is None:
+        raise ValueError("sluice.fp8.prequantize: fp8 must be True or a sluice.fp8.Recipe")
+    w = jnp.asarray(w)
+    if w.ndim != 3:
+        raise ShapeError(f"sluice.fp8.prequantize: w must be [G, K, N], got shape {w.shape}")
+    p2 = recipe.power_of_two_scales
+    (q, s), (qt, st) = quantize_weight(jax.lax.stop_gradient(w), power_of_two=p2, layout="both")
+    u8 = lambda a: jax.lax.bitcast_convert_type(a, jnp.uint8)
+    u32 = lambda a: jax.lax.bitcast_convert_type(a, jnp.uint32)
+    return Fp8Weight(w, u8(q), u32(s), u8(qt), u32(st), power_of_two=p2)
+
+
+def _weight_layouts(rhs, recipe):
+    """rhs's two FP8 layouts ((q, scale), (q_t, scale_t)): an Fp8Weight's own, else quantized."""
+    p2 = recipe.power_of_two_scales
+    if not isinstance(rhs, Fp8Weight):
+        return quantize_weight(rhs, power_of_two=p2, layout="both")
+    if rhs.power_of_two != p2:
+        raise ValueError(
+            f"sluice.fp8: an Fp8Weight prequantized with power_of_two_scales={rhs.power_of_two} "
+            f"used by a Recipe with power_of_two_scales={p2}"
+        )
+    return rhs.layouts()
+
+
+def _rhs_like(rhs):
+    """What the backward needs of rhs, as empty arrays: its dtype, and whether it is an Fp8Weight
+    (whose cotangent is an Fp8Weight: the gradient in its value, None for the bit patterns)."""
+    like = jnp.zeros((0,), rhs.dtype)
+    if isinstance(rhs, Fp8Weight):
+        u8, u32 = jnp.zeros((0,), jnp.uint8), jnp.zeros((0,), jnp.uint32)
+        return Fp8Weight(like, u8, u32, u8, u32, power_of_two=rhs.power_of_two)
+    return like
+
+
+def _rhs_cotangent(dw, rhs_like):
+    if isinstance(rhs_like, Fp8Weight):
+        return Fp8Weight(dw, None, None, None, None, power_of_two=rhs_like.power_of_two)
+    return dw
+
+
 def as_recipe(fp8, op="sluice.gmm") -> Recipe | None:
     """An `fp8` argument (of `op`): None or False (no FP8), True (the default Recipe) or a Recipe."""
     if fp8 is None or fp8 is False:
@@ -278,7 +366,10 @@ def gmm_with_recipe(lhs, rhs, group_sizes, group_offset, transpose_rhs, out_dtyp
     xq, xs = quantize(lhs, ACT, power_of_two=p2)
     # the C op reads the weights as [G, N, K]: rhs itself with transpose_rhs, else its transpose,
     # which the quantization writes directly
-    w_nt, ws_nt = quantize_weight(rhs, power_of_two=p2, layout="q" if transpose_rhs else "q_t")
+    if isinstance(rhs, Fp8Weight):
+        w_nt, ws_nt = _weight_layouts(rhs, recipe)[0 if transpose_rhs else 1]
+    else:
+        w_nt, ws_nt = quantize_weight(rhs, power_of_two=p2, layout="q" if transpose_rhs else "q_t")
     return _product(xq, xs, w_nt, ws_nt, group_sizes, group_offset, out_dtype, skip)
 
 
@@ -307,12 +398,13 @@ def forward_quantized(qx, lhs, rhs, group_sizes, group_offset, transpose_rhs, ou
     pad_rows_to=16) (x itself may be another array of x's dtype and sharding, e.g. the rows
     qx was gathered from): (y, residuals for `backward_quantized`)."""
     (xq, xs), (x_t, xs_t) = qx
-    w, w_t = quantize_weight(rhs, power_of_two=recipe.power_of_two_scales, layout="both")
+    w, w_t = _weight_layouts(rhs, recipe)
     (w_nt, ws_nt), (w_kn, ws_kn) = (w, w_t) if transpose_rhs else (w_t, w)
     y = _product(xq, xs, w_nt, ws_nt, group_sizes, group_offset, out_dtype, skip)
-    # lhs's and rhs's own dtypes (and lhs's sharding type) ride along as empty arrays
-    lhs_like, rhs_dtype = lhs[:0, :0], jnp.zeros((0,), rhs.dtype)
-    return y, (x_t, xs_t, w_kn, ws_kn, group_sizes, group_offset, lhs_like, rhs_dtype)
+    # lhs's and rhs's own dtypes (and lhs's sharding type, and whether rhs is an Fp8Weight) ride
+    # along as empty arrays
+    lhs_like, rhs_like = lhs[:0, :0], _rhs_like(rhs)
+    return y, (x_t, xs_t, w_kn, ws_kn, group_sizes, group_offset, lhs_like, rhs_like)
 
 
 def dy_range(res):
@@ -336,8 +428,9 @@ def _bwd(transpose_rhs, out_dtype, skip, recipe, res, dy):
 
 def backward_quantized(qdy, res, transpose_rhs, skip):
     """`_bwd` from dy's two layouts qdy = fp8.quantize_both(dy, row_range=dy_range(res),
-    pad_rows_to=16): (dx [M, K] in lhs's dtype and sharding type, dw in rhs's dtype)."""
-    x_t, xs_t, w_kn, ws_kn, group_sizes, group_offset, lhs_like, rhs_dtype = res
+    pad_rows_to=16): (dx [M, K] in lhs's dtype and sharding type, dw in rhs's dtype: rhs's
+    cotangent, an Fp8Weight's for an Fp8Weight)."""
+    x_t, xs_t, w_kn, ws_kn, group_sizes, group_offset, lhs_like, rhs_like = res
     (dyq, dys), (dy_t, dys_t) = qdy
     g_local = w_kn.shape[-3]
     # dx contracts N: the C op reads the weights as [G, K, N], saved so by the forward
@@ -347,11 +440,11 @@ def backward_quantized(qdy, res, transpose_rhs, skip):
     # kernel wants
     a, a_s, b, b_s = (dy_t, dys_t, x_t, xs_t) if transpose_rhs else (x_t, xs_t, dy_t, dys_t)
     # the weight gradient in rhs's dtype (float32 master weights: straight from the kernel)
-    rhs_dtype = rhs_dtype.dtype
+    rhs_dtype = rhs_like.dtype
     dw = _tgmm_tn(a, a_s, b, b_s, group_sizes, group_offset, g_local, _kernel_dtype(rhs_dtype))
     # As in the bf16 gmm's backward: the weight gradient runs before dx is used (see gmm.py).
     dx, dw = jax.lax.optimization_barrier((dx.astype(lhs_dtype), dw.astype(rhs_dtype)))
-    return match_vma(dx, lhs_like), match_vma(dw, w_kn)
+    return match_vma(dx, lhs_like), _rhs_cotangent(match_vma(dw, w_kn), rhs_like)
 
 
 gmm_with_recipe.defvjp(_fwd, _bwd)

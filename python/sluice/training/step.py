@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from ..nn.model import ModelConfig, Transformer
 from ..nn.moe import expert_weight_specs
+from ..ops.gmm_fp8 import Fp8Weight, prequantize
 
 DATA_AXIS, EXPERT_AXIS = "data", "expert"
 _global_norm = getattr(getattr(optax, "tree", None), "norm", None) or optax.global_norm
@@ -80,6 +81,39 @@ def _with_copies(params, copies):
     return jax.tree.map(lambda p, c: p if c is None else c, params, copies)
 
 
+def _prequantizes(cfg: ModelConfig, grad_accum: int) -> bool:
+    """Whether the step quantizes the routed experts' FP8 weights once for all its micro-batches:
+    with several micro-batches, sluice's FP8 expert block (sluice.ep's fanned paths, which take an
+    fp8.Fp8Weight) and the experts split only over the expert axis (without FSDP's all-gather)."""
+    moe = cfg.moe  # (ModelConfig.fp8 sets every MoE layer's)
+    return (
+        grad_accum > 1
+        and cfg.fp8 is not None
+        and moe.impl == "sluice"
+        and moe.use_sluice_gmm
+        and moe.use_sluice_dispatch
+        and not moe.fsdp
+    )
+
+
+def prequantized_copies(copies, recipe, shardings=None):
+    """copies with each routed expert weight as an fp8.Fp8Weight (fp8.prequantize), quantized per
+    shard of its sharding's mesh (shardings: the parameters' NamedShardings, or None on one
+    device), so that no device gathers another's experts."""
+
+    def one(path, c, sh=None):
+        if c is None or not is_expert_weight(path, c):
+            return c
+        if sh is None or not isinstance(sh, NamedSharding):
+            return prequantize(c, recipe)
+        fn = lambda w: prequantize(w, recipe)
+        return jax.shard_map(fn, mesh=sh.mesh, in_specs=sh.spec, out_specs=sh.spec)(c)
+
+    if shardings is None:
+        return jax.tree_util.tree_map_with_path(one, copies)
+    return jax.tree_util.tree_map_with_path(one, copies, shardings, is_leaf=lambda c: c is None)
+
+
 def make_steps(
     graphdef, opt, cfg: ModelConfig, grad_accum: int = 1, micro_sharding=None, grad_shardings=None
 ):
@@ -89,7 +123,8 @@ def make_steps(
 
     With ``grad_accum`` N > 1 both take the batch as N micro-batches (rows i, i + N, i + 2N, ... form
     micro-batch i, so each device splits its own rows and no token moves), one after the other in a
-    scan: the step sums their gradients in float32 and updates once with the mean, as one step on
+    scan (sluice's FP8 experts quantize their weights once for all of them: prequantized_copies):
+    the step sums their gradients in float32 and updates once with the mean, as one step on
     the whole batch would, up to the order of the float sums and the load-balance loss, which each
     micro-batch computes on its own tokens. The metrics are the batch's: loss, aux loss and dropped
     fraction averaged over the micro-batches, the expert loads summed, the exchange's rounds and peak
@@ -111,9 +146,13 @@ def make_steps(
         return mb
 
     def grads_on(params, rest, tokens, copies):
-        (_, (ce, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        # (allow_int: an Fp8Weight's quantized layouts are integer bit patterns, float0 gradients)
+        (_, (ce, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True, allow_int=True)(
             _with_copies(params, copies), rest, tokens
         )
+        # an Fp8Weight's gradient is its value's
+        is_fp8 = lambda g: isinstance(g, Fp8Weight)
+        grads = jax.tree.map(lambda g: g.value if is_fp8(g) else g, grads, is_leaf=is_fp8)
         # (the gradient of a copy is the parameter's: what the cast's transpose would give)
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
         return grads, ce, aux
@@ -124,6 +163,8 @@ def make_steps(
         pass over the float32 gradients less a step, and no zeroing pass, at the price of tracing
         the model twice (the first micro-batch, then the scan's body)."""
         mbs = micro_batches(tokens)
+        if copies is not None and _prequantizes(cfg, grad_accum):
+            copies = prequantized_copies(copies, cfg.fp8, grad_shardings)
         first = grads_on(params, rest, mbs[0], copies)
         if grad_shardings is not None:
             first = (jax.lax.with_sharding_constraint(first[0], grad_shardings), *first[1:])

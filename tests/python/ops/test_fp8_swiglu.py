@@ -160,6 +160,46 @@ def test_fanned_swiglu_mlp_is_the_composition(p2):
         ep.fanned_swiglu_mlp(x, fan, wi, wo, row_weights=rw[1:], fp8=recipe)
 
 
+@pytest.mark.parametrize("p2", [False, True])
+def test_prequantized_weights_give_the_same_values_and_gradients(p2):
+    """fp8.prequantize(w) in w's place (fanned_swiglu_mlp, and fanned_gmm with gmm_fan_in): the
+    same values and gradients bit for bit, the weights' gradient in the Fp8Weight's value and float0
+    for its bit patterns; a Recipe other than the prequantization's, or a w not [G, K, N], is an
+    error."""
+    t, k, e, d, f = 40, 2, 4, 264, 136
+    x = jnp.asarray(RNG.standard_normal((t, d)), jnp.bfloat16)
+    idx, w = routing(1, t, k, e)
+    wi = jnp.asarray(RNG.standard_normal((e, d, 2 * f)) * 0.1, jnp.bfloat16)
+    wo = jnp.asarray(RNG.standard_normal((e, f, d)) * 0.1, jnp.bfloat16)
+    probe = jnp.asarray(RNG.standard_normal((t, d)), jnp.float32)
+    recipe = fp8.Recipe(power_of_two_scales=p2)
+    _, gs, fan = ep.fan_out_tokens(x, idx, w, num_experts=e, copy_rows=False)
+
+    def fused(x, wi, wo):
+        return ep.fanned_swiglu_mlp(x, fan, wi, wo, fp8=recipe, out_dtype=jnp.float32)
+
+    def composed(x, wi, wo):
+        act = sluice.swiglu(ep.fanned_gmm(x, fan, wi, fp8=recipe), gs)
+        return ep.gmm_fan_in(act, wo, fan, fp8=recipe, out_dtype=jnp.float32)
+
+    pwi, pwo = fp8.prequantize(wi, recipe), fp8.prequantize(wo, recipe)
+    assert isinstance(pwi, fp8.Fp8Weight) and pwi.shape == wi.shape and pwi[...] is pwi
+    for fn in (fused, composed):
+        loss = lambda *a, fn=fn: jnp.sum(fn(*a) * probe)
+        grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), allow_int=True))
+        (v0, g0), (v1, g1) = grad(x, wi, wo), grad(x, pwi, pwo)
+        assert float(v0) == float(v1), MSG
+        for a, b in zip(g0, (g1[0], g1[1].value, g1[2].value), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=MSG)
+        assert g1[1].q_bits.dtype == jax.dtypes.float0
+    with pytest.raises(ValueError, match="power_of_two_scales"):
+        ep.fanned_gmm(
+            x, fan, fp8.prequantize(wi, fp8.Recipe(power_of_two_scales=not p2)), fp8=recipe
+        )
+    with pytest.raises(sluice.ShapeError, match=r"w must be \[G, K, N\]"):
+        fp8.prequantize(wi[0], recipe)
+
+
 def test_swiglu_quantize_under_vmap_and_jit():
     """vmap over a batch of blocks (each its own row range) gives each block's own quantization."""
     hs, ws, das = zip(*(inputs(64, 128, jnp.bfloat16) for _ in range(3)), strict=True)

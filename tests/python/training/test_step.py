@@ -1,5 +1,5 @@
 """The training step's pieces (sluice.training): compute-dtype weight copies, gradient
-accumulation, remat, the state made in its shardings, and AdamW's moments in bfloat16."""
+accumulation (with FP8 experts quantized once a step), remat, the state made in its shardings, and AdamW's moments in bfloat16."""
 
 import dataclasses
 
@@ -13,6 +13,8 @@ pytest.importorskip("optax")
 from flax import nnx
 from helpers import tiny_config
 from sluice.nn.model import Transformer
+from sluice.ops.fp8 import Recipe
+from sluice.training import step as step_mod
 from sluice.training.optim import make_optimizer
 from sluice.training.step import (
     compute_copies,
@@ -20,6 +22,7 @@ from sluice.training.step import (
     is_expert_weight,
     make_mesh,
     make_steps,
+    shardings_for,
 )
 
 TINY = tiny_config()
@@ -85,6 +88,40 @@ def test_grad_accum_is_one_step_on_the_batch(impl):
         assert float(mn["grad_norm"]) == pytest.approx(float(m1["grad_norm"]), rel=1e-4)
         assert float(mn["dropped"]) == 0.0
         assert float(vn) == pytest.approx(float(v1), rel=1e-5)
+
+
+@pytest.mark.parametrize("ep", [1, 2], ids=["local", "ep2-sluice.ep"])
+def test_fp8_experts_quantized_once_a_step(ep, monkeypatch):
+    """With FP8 experts and several micro-batches, the step quantizes each routed expert weight once
+    (fp8.prequantize, per shard of the expert axis) and every micro-batch's expert block uses that
+    Fp8Weight: the same step, bit for bit, as one whose micro-batches quantize the weights
+    themselves."""
+    if len(jax.devices()) < 2 * ep:
+        pytest.skip(f"needs {2 * ep} devices")
+    mesh = make_mesh(ep, 2 * ep) if ep > 1 else None
+    moe = dataclasses.replace(TINY.moe, impl="sluice")
+    cfg = dataclasses.replace(TINY, moe=moe, dtype=jnp.bfloat16, fp8=Recipe())
+    model = Transformer(cfg, rngs=nnx.Rngs(0), mesh=mesh)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    opt, _ = make_optimizer({"warmup": 2, "steps": 10, "lr": 1e-3})
+    opt_state = opt.init(params)
+    copies = compute_copies(params, cfg.dtype)
+    sh = shardings_for(params, mesh, cfg.moe) if mesh is not None else None
+    tokens = jnp.asarray(np.random.default_rng(3).integers(0, 256, (8, 65)), jnp.int32)
+    n_expert = sum(is_expert_weight(p, x) for p, x in jax.tree_util.tree_leaves_with_path(params))
+    calls = []
+    real = step_mod.prequantize
+    monkeypatch.setattr(step_mod, "prequantize", lambda w, r: calls.append(1) or real(w, r))
+    outs = []
+    for once in (True, False):
+        if not once:
+            monkeypatch.setattr(step_mod, "_prequantizes", lambda cfg, n: False)
+        calls.clear()
+        step = jax.jit(make_steps(graphdef, opt, cfg, grad_accum=2, grad_shardings=sh)[0])
+        outs.append(step(params, rest, opt_state, tokens, copies))
+        assert len(calls) == (n_expert if once else 0)
+    for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1]), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 @pytest.mark.parametrize("ep", [1, 2], ids=["local", "ep2-sluice.ep"])

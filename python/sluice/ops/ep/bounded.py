@@ -122,8 +122,13 @@ def _slot_sum(slots, t, kk):
     return acc
 
 
+def _is_float0(a) -> bool:
+    """A symbolic zero cotangent (an integer leaf's, e.g. fp8.Fp8Weight's bit patterns)."""
+    return getattr(a, "dtype", None) == jax.dtypes.float0
+
+
 def _tree_add(a, b):
-    return jax.tree.map(jnp.add, a, b)
+    return jax.tree.map(lambda x, y: x if _is_float0(x) else jnp.add(x, y), a, b)
 
 
 class _Static:
@@ -251,7 +256,7 @@ def _bounded_bwd(st, res, dout):
     _, dx_slots, dw_slots, dparams = jax.lax.while_loop(lambda c: c[0] < rounds, more, carry)
     dx = _slot_sum(dx_slots, t, st.kk).astype(like.dtype)
     dw = _slot_sum(dw_slots, t, st.kk)
-    dparams = jax.tree.map(match_vma, dparams, params)
+    dparams = jax.tree.map(lambda d, p: d if _is_float0(d) else match_vma(d, p), dparams, params)
     return match_vma(dx, like), match_vma(dw, w), dparams, None, None, None, None, None
 
 

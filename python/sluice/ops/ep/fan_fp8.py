@@ -31,7 +31,14 @@ import jax.numpy as jnp
 
 from ..fp8 import quantize_both, swiglu_bwd_quantize, swiglu_quantize
 from ..gmm import _offset_array
-from ..gmm_fp8 import _local_range, as_recipe, backward_quantized, dy_range, forward_quantized
+from ..gmm_fp8 import (
+    Fp8Weight,
+    _local_range,
+    as_recipe,
+    backward_quantized,
+    dy_range,
+    forward_quantized,
+)
 from ..vma import match_vma
 from .fan import Fan, _fan_in_call, _ones
 
@@ -148,7 +155,8 @@ def _checked(op, fan, rhs, fp8, skip_unused_rows):
     recipe = as_recipe(fp8, f"sluice.ep.{op}")
     if recipe is None:
         raise ValueError(f"sluice.ep.{op}: fp8 must be True or a sluice.fp8.Recipe (the FP8 path)")
-    rhs = jnp.asarray(rhs)
+    if not isinstance(rhs, Fp8Weight):  # (an Fp8Weight: fp8.prequantize's, [L, K, N] already)
+        rhs = jnp.asarray(rhs)
     if rhs.ndim != 3 or rhs.shape[0] != fan.num_local_experts:
         raise ValueError(
             f"sluice.ep.{op}: rhs must be [L, K, N] with L = {fan.num_local_experts} (the fan's "
