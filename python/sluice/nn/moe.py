@@ -60,6 +60,7 @@ from jax.sharding import PartitionSpec as P
 
 from ..ops.fp8 import Recipe
 from ..ops.gmm_fp8 import as_recipe
+from ..ops.vma import _varying
 from .experts import (
     ExpertMatmul,
     capacity_path,
@@ -215,6 +216,14 @@ def load_balance_loss(scores: jax.Array, idx: jax.Array, counts: jax.Array) -> j
 
 
 # --------------------------------------------------------------------------------------------------
+def _pmax_varying(v, axes):
+    """pmax of v over the mesh axes it varies over (over an axis it is invariant on, every shard
+    holds the maximum already): jax 0.11's shard_map types refuse a pmax over an axis the value
+    does not vary on, e.g. the worst-case exchange's peaks, a pmax over the expert axis already."""
+    axes = tuple(a for a in (axes or ()) if a in _varying(v))
+    return jax.lax.pmax(v, axes) if axes else v
+
+
 # The block: route, run the experts, gather statistics. Runs per shard inside shard_map, or alone.
 
 
@@ -272,7 +281,7 @@ def moe_block(
             total(load_balance_loss(scores, idx, counts)) / (total(jnp.ones((), jnp.float32)))
         ),
         # the most over the shards (rounds are the same on every rank of an expert group)
-        "ep": jax.lax.pmax(ep_info, reduce_axes) if reduce_axes else ep_info,
+        "ep": _pmax_varying(ep_info, reduce_axes),
     }
     return y.reshape(b, s, d).astype(x.dtype), stats
 
