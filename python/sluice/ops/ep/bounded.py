@@ -12,19 +12,28 @@ order; with the all-gathered [R, R] pair counts every source knows where each of
 in each receiver's numbering, so a row starting at pair p goes in round p // W, W = C - min(k, L)
 + 1 (a row never straddles two rounds; a round holds at most W rows and C pairs). The rounds'
 count, max over the receivers of (start of its last row) // W + 1, comes from the same gathered
-counts: the same on every rank, on the device (a lax.while_loop), no host sync. A round is a
-dispatch of the token slots of that round alone (the others set to -1), so the transports only
-need a receive buffer of N = min(W, T*R) rows.
+counts: the same on every rank, on the device. A round is a dispatch of the token slots of that
+round alone (the others set to -1), so the transports only need a receive buffer of
+N = min(W, T*R) rows.
 
-The results, bit for bit. combine sums a token's rows over ranks in rank order in f32; a token's
-rows may come back in different rounds, so instead each round pulls its rows into the token's
-slots [T, min(k, R)] (slot j: the token's j-th destination rank in rank order) and the slots are
-summed in slot order in f32 and rounded once at the end: the unbounded sum, bit for bit, as long as
-each row's expert output does not depend on which rows share its round (true of sluice's gmm,
-swiglu and fan ops). With fp8 the rows travel as dispatch(..., fp8=)'s e4m3 rows and 1x128 scales,
-packed once for every round (the blocks are per row, so a row's bytes are the unbounded path's). The backward does the same for d x (and for d topk_weights, one non-zero
-slot per weight). The expert weights' gradients are summed over the rounds: exact when there is
-one round, otherwise the same sum rounded per round.
+One round or more. Round 0 always runs. When it is the only one (the common case) it holds every
+row of every token, and combine sums them: the unbounded path's own sum. When there are more, a
+lax.cond takes the other branch, where a lax.while_loop runs the rounds past the first. XLA:GPU
+reads a cond's predicate (and a while loop's) back to the host: one sync per layer and direction
+in the common case. Buffers that hold every routing (C >= T*R*min(k, L): e.g. F = 2 at two ranks
+and k <= E/R) can need no second round, so the cond is left out and nothing syncs.
+
+The results, bit for bit. combine sums a token's rows over ranks in rank order in f32; with more
+than one round a token's rows may come back in different rounds, so each round pulls its rows into
+the token's slots [T, min(k, R)] (slot j: the token's j-th destination rank in rank order) and the
+slots are summed in slot order in f32 and rounded once at the end: the unbounded sum, bit for bit,
+as long as each row's expert output does not depend on which rows share its round (true of
+sluice's gmm, swiglu and fan ops). With fp8 the rows travel as dispatch(..., fp8=)'s e4m3 rows and
+1x128 scales, packed once for every round (the blocks are per row, so a row's bytes are the
+unbounded path's). The backward does the same for d x (and for d topk_weights, one non-zero slot
+per weight): dispatch's transpose (a combine) after one round, the slots after more. The expert
+weights' gradients are summed over the rounds: exact when there is one round, otherwise the same
+sum rounded per round.
 
 What the backward keeps: round 0's residuals (the expert block's, O(C)), the layer's x and the
 [T, k] slot rounds; the rounds past the first are recomputed in the backward (a dispatch and the
@@ -42,7 +51,15 @@ import numpy as np
 
 from ..vma import match_vma
 from .comm import _comm_for, _where
-from .exchange import Dispatched, Handle, _dispatch_call, _pack_fp8, _redispatch_call, _unpack_fp8
+from .exchange import (
+    Dispatched,
+    Handle,
+    _combine_call,
+    _dispatch_call,
+    _pack_fp8,
+    _redispatch_call,
+    _unpack_fp8,
+)
 
 
 def bounded_rows(num_tokens: int, topk: int, factor: float) -> int:
@@ -134,10 +151,12 @@ def _tree_add(a, b):
 class _Static:
     """What the rounds need that is not an array (hashable: a custom_vjp nondiff argument)."""
 
-    def __init__(self, experts, cfg, axis_name, rows, recv_rows, kk, max_rows, fp8):
+    def __init__(self, experts, cfg, axis_name, rows, recv_rows, kk, max_rows, fp8, one_round):
         self.experts, self.cfg, self.axis_name = experts, cfg, axis_name
         self.rows, self.recv_rows, self.kk, self.max_rows = rows, recv_rows, kk, max_rows
         self.fp8 = fp8  # None: rows travel in x's dtype; a bool: e4m3, power-of-two scales or not
+        # every routing fits one round: C holds all T*R*min(k, E/R) pairs a rank can receive
+        self.one_round = one_round
 
     def key(self):
         return (
@@ -148,6 +167,7 @@ class _Static:
             self.recv_rows,
             self.kk,
             self.fp8,
+            self.one_round,
         )
 
     def __hash__(self):
@@ -197,9 +217,19 @@ def _bounded(st, x, w, params, idx, slot_round, dest_slot, rounds, where):
     return _bounded_fwd(st, x, w, params, idx, slot_round, dest_slot, rounds, where, False)[0]
 
 
+def _overflowing(st, rounds, slow, fast, *args):
+    """slow(*args) when the step runs more than one round, else fast(*args). The branch is chosen on
+    the host (XLA:GPU reads the predicate back: one sync), so a buffer that holds every routing
+    (st.one_round) skips it."""
+    if st.one_round:
+        return fast(*args)
+    return jax.lax.cond(rounds > 1, slow, fast, *args)
+
+
 def _bounded_fwd(st, x, w, params, idx, slot_round, dest_slot, rounds, where, keep=True):
-    """The rounds; keep: also round 0's VJP (the residuals the backward keeps)."""
-    t, like = x.shape[0], x[:0]
+    """Round 0; keep: also its VJP (the residuals the backward keeps). One round: combine its
+    rows (the unbounded path's sum); more: the slots and the rounds past the first."""
+    like = x[:0]
     wire = _wire(st, x)
     recv = _dispatch_round(st, wire, like, idx, w, slot_round, 0, where)
     f = _experts_of(st, recv)
@@ -207,55 +237,73 @@ def _bounded_fwd(st, x, w, params, idx, slot_round, dest_slot, rounds, where, ke
         y, vjp0 = jax.vjp(f, recv.x, recv.topk_weights, params)
     else:
         y, vjp0 = f(recv.x, recv.topk_weights, params), None
-    src = _slot_src(recv.handle.send_row, dest_slot, st.recv_rows, st.kk)
-    slots = _pull(st, y, src, where)
+    send_row = recv.handle.send_row
 
-    def more(carry):
-        rnd, slots = carry
-        r_recv = _dispatch_round(st, wire, like, idx, w, slot_round, rnd, where)
-        r_y = _experts_of(st, r_recv)(r_recv.x, r_recv.topk_weights, params)
-        r_src = _slot_src(r_recv.handle.send_row, dest_slot, st.recv_rows, st.kk)
-        return rnd + 1, _merge(r_src, _pull(st, r_y, r_src, where), slots)
+    def one(y):
+        return _combine_call(y, None, send_row, where, st.cfg)[0]
 
-    _, slots = jax.lax.while_loop(lambda c: c[0] < rounds, more, (jnp.int32(1), slots))
-    out = _slot_sum(slots, t, st.kk).astype(y.dtype)
+    def more(y):
+        src = _slot_src(send_row, dest_slot, st.recv_rows, st.kk)
+        slots = _pull(st, y, src, where)
+
+        def round_(carry):
+            rnd, slots = carry
+            r_recv = _dispatch_round(st, wire, like, idx, w, slot_round, rnd, where)
+            r_y = _experts_of(st, r_recv)(r_recv.x, r_recv.topk_weights, params)
+            r_src = _slot_src(r_recv.handle.send_row, dest_slot, st.recv_rows, st.kk)
+            return rnd + 1, _merge(r_src, _pull(st, r_y, r_src, where), slots)
+
+        _, slots = jax.lax.while_loop(lambda c: c[0] < rounds, round_, (jnp.int32(1), slots))
+        return _slot_sum(slots, x.shape[0], st.kk).astype(y.dtype)
+
+    out = _overflowing(st, rounds, more, one, y)
     # the backward's later rounds dispatch the wire rows again (with FP8 about half x's bytes)
-    res = (vjp0, recv.topk_idx, recv.handle.recv_src, src, wire, like, w, params, idx, slot_round)
-    return out, res + (dest_slot, rounds, where)
+    res = (vjp0, recv.topk_idx, recv.handle.recv_src, send_row, wire, like, w, params, idx)
+    return out, res + (slot_round, dest_slot, rounds, where)
 
 
-def _round_grads(st, vjp, recv_idx, recv_src, src, dout, where):
-    """One round's backward: (d x slots [T*kk, H], d w slots [T*kk, k], d params)."""
+def _round_grads(st, vjp, recv_idx, recv_src, dout, where):
+    """One round's backward up to the received rows: (d rows, d weights f32, d params)."""
     dy = _redispatch_call(dout, recv_src, where, st.cfg)  # combine's transpose
     drx, drw, dp = vjp(dy)
     drw = jnp.where(recv_idx >= 0, drw.astype(jnp.float32), 0.0)  # weights reach their owner only
-    return _pull(st, drx, src, where), _pull(st, drw, src, where), dp
+    return drx, drw, dp
 
 
 def _bounded_bwd(st, res, dout):
-    vjp0, ri0, rs0, src0, wire, like, w, params, idx, slot_round, dest_slot, rounds, where = res
-    t = wire.shape[0]
-    dx_slots, dw_slots, dparams = _round_grads(st, vjp0, ri0, rs0, src0, dout, where)
+    vjp0, ri0, rs0, send_row0, wire, like, w, params, idx = res[:9]
+    slot_round, dest_slot, rounds, where = res[9:]
+    drx, drw, dparams = _round_grads(st, vjp0, ri0, rs0, dout, where)
 
-    def more(carry):
-        rnd, dx_slots, dw_slots, dparams = carry
-        recv = _dispatch_round(st, wire, like, idx, w, slot_round, rnd, where)
-        _, vjp = jax.vjp(_experts_of(st, recv), recv.x, recv.topk_weights, params)
-        src = _slot_src(recv.handle.send_row, dest_slot, st.recv_rows, st.kk)
-        g_dx, g_dw, g_p = _round_grads(
-            st, vjp, recv.topk_idx, recv.handle.recv_src, src, dout, where
-        )
-        return (
-            rnd + 1,
-            _merge(src, g_dx, dx_slots),
-            _merge(src, g_dw, dw_slots),
-            _tree_add(dparams, g_p),
-        )
+    def one(drx, drw, dparams):  # dispatch's transpose: the unbounded path's sums
+        dx, dw = _combine_call(drx, drw, send_row0, where, st.cfg)
+        return dx, dw, dparams
 
-    carry = (jnp.int32(1), dx_slots, dw_slots, dparams)
-    _, dx_slots, dw_slots, dparams = jax.lax.while_loop(lambda c: c[0] < rounds, more, carry)
-    dx = _slot_sum(dx_slots, t, st.kk).astype(like.dtype)
-    dw = _slot_sum(dw_slots, t, st.kk)
+    def more(drx, drw, dparams):
+        src = _slot_src(send_row0, dest_slot, st.recv_rows, st.kk)
+        carry = (jnp.int32(1), _pull(st, drx, src, where), _pull(st, drw, src, where), dparams)
+
+        def round_(carry):
+            rnd, dx_slots, dw_slots, dparams = carry
+            recv = _dispatch_round(st, wire, like, idx, w, slot_round, rnd, where)
+            _, vjp = jax.vjp(_experts_of(st, recv), recv.x, recv.topk_weights, params)
+            g_dx, g_dw, g_p = _round_grads(
+                st, vjp, recv.topk_idx, recv.handle.recv_src, dout, where
+            )
+            src = _slot_src(recv.handle.send_row, dest_slot, st.recv_rows, st.kk)
+            return (
+                rnd + 1,
+                _merge(src, _pull(st, g_dx, src, where), dx_slots),
+                _merge(src, _pull(st, g_dw, src, where), dw_slots),
+                _tree_add(dparams, g_p),
+            )
+
+        _, dx_slots, dw_slots, dparams = jax.lax.while_loop(lambda c: c[0] < rounds, round_, carry)
+        t = wire.shape[0]
+        dx = _slot_sum(dx_slots, t, st.kk).astype(drx.dtype)
+        return dx, _slot_sum(dw_slots, t, st.kk), dparams
+
+    dx, dw, dparams = _overflowing(st, rounds, more, one, drx, drw, dparams)
     dparams = jax.tree.map(lambda d, p: d if _is_float0(d) else match_vma(d, p), dparams, params)
     return match_vma(dx, like), match_vma(dw, w), dparams, None, None, None, None, None
 
@@ -322,7 +370,8 @@ def bounded_moe(
 
     recipe = as_recipe(fp8, "sluice.ep.bounded_moe")
     p2 = None if recipe is None else recipe.power_of_two_scales
-    st = _Static(experts, cfg, axis_name, int(rows), recv_rows, min(k, r), max_rows, p2)
+    one_round = int(rows) >= t * r * per_row
+    st = _Static(experts, cfg, axis_name, int(rows), recv_rows, min(k, r), max_rows, p2, one_round)
     slot_round, dest_slot, stats = _layout(topk_idx, r, e // r, window, axis_name)
     where = _where(comm)
     out = _bounded(
