@@ -74,8 +74,9 @@ API
       bounded to `rows` (row, slot) pairs a round (bounded_rows(T, k, F): F times the balanced
       mean T*k). A routing that sends a rank more runs further rounds in the same program (a
       lax.cond and a lax.while_loop on the count computed on the device, the same on every rank;
-      one round, the common case, is combined as the unbounded path is): nothing is dropped, and out and the gradients in x and topk_weights equal the unbounded path's bit for
-      bit. experts(recv, params, max_rows) -> [N, H'] is the per-rank part (fan_out -> gmm ->
+      one round, the common case, is combined as the unbounded path is): nothing is dropped, and
+      out and the gradients in x and topk_weights equal the unbounded path's bit for bit.
+      experts(recv, params, max_rows) -> [N, H'] is the per-rank part (fan_out -> gmm ->
       fan_in). stats: "rounds", "peak_recv_rows", "peak_expert_rows". fp8: as dispatch's, every
       round's rows in FP8 (the values those of dispatch with the same fp8). See bounded.py.
   dispatch(..., fp8=True or sluice.fp8.Recipe) sends the rows as e4m3 with their 1x128 scales (about
